@@ -1,0 +1,51 @@
+"""ament_python package: installs the sim2real_ros library, its nodes and its shared files."""
+
+from __future__ import annotations
+
+from glob import glob
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+PACKAGE = "sim2real_ros"
+
+
+def tree(folder: str) -> list[tuple[str, list[str]]]:
+    """List (install dir, files) pairs so config/ keeps its sub-folders under share/."""
+    out: dict[str, list[str]] = {}
+    for f in sorted(glob(f"{folder}/**/*", recursive=True)):
+        if Path(f).is_file():
+            out.setdefault(str(Path("share", PACKAGE, Path(f).parent)), []).append(f)
+    return sorted(out.items())
+
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(exclude=["test", "test.*", "bench"]),
+    package_data={PACKAGE: ["py.typed", "policy/default/*"]},
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        *tree("launch"),
+        *tree("config"),
+        *tree("urdf"),
+    ],
+    install_requires=["setuptools"],
+    zip_safe=False,
+    maintainer="sim2real_ros maintainers",
+    maintainer_email="maintainers@sim2real-ros.org",
+    description="Randomized simulation, calibration, guarded policy deployment, shadow mode, rollback.",
+    license="Apache-2.0",
+    entry_points={
+        "console_scripts": [
+            "sim2real = sim2real_ros.cli:main",
+            "sim_bridge = sim2real_ros.sim.node:main",
+            "safety_filter = sim2real_ros.safety.node:main",
+            "baseline_controller = sim2real_ros.safety.baseline_node:main",
+            "policy_node = sim2real_ros.policy.node:main",
+            "sysid_recorder = sim2real_ros.sysid.node:main",
+            "shadow_comparator = sim2real_ros.shadow.node:main",
+        ],
+    },
+)

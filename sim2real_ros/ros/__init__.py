@@ -1,0 +1,1 @@
+"""Shared rclpy helpers: QoS profiles, message <-> numpy, parameters from a schema, diagnostics."""
