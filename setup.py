@@ -46,6 +46,8 @@ setup(
             "policy_node = sim2real_ros.policy.node:main",
             "sysid_recorder = sim2real_ros.sysid.node:main",
             "shadow_comparator = sim2real_ros.shadow.node:main",
+            "task_sequencer = sim2real_ros.policy.task_node:main",
+            "proxy_arm = sim2real_ros.proxy.node:main",
         ],
     },
 )
