@@ -9,10 +9,16 @@ from rclpy.node import Node
 
 from sim2real_ros.ros.qos import STATE_QOS
 
-OK = DiagnosticStatus.OK
-WARN = DiagnosticStatus.WARN
-ERROR = DiagnosticStatus.ERROR
-STALE = DiagnosticStatus.STALE
+
+def _as_int(level: int | bytes) -> int:
+    return level[0] if isinstance(level, (bytes, bytearray)) else int(level)
+
+
+# Plain ints for comparisons; the message field itself is a byte in this binding.
+OK = _as_int(DiagnosticStatus.OK)
+WARN = _as_int(DiagnosticStatus.WARN)
+ERROR = _as_int(DiagnosticStatus.ERROR)
+STALE = _as_int(DiagnosticStatus.STALE)
 
 
 def make_status(
@@ -20,7 +26,7 @@ def make_status(
 ) -> DiagnosticStatus:
     """Build one DiagnosticStatus; values are stringified (floats with 6 significant digits)."""
     st = DiagnosticStatus()
-    st.level = bytes([level]) if isinstance(DiagnosticStatus().level, bytes) else level
+    st.level = bytes([_as_int(level)])
     st.name = name
     st.message = message
     st.hardware_id = hardware_id
@@ -38,8 +44,7 @@ def status_values(status: DiagnosticStatus) -> dict[str, str]:
 
 def status_level(status: DiagnosticStatus) -> int:
     """Return a status level as int, whatever the message binding stores."""
-    lvl = status.level
-    return lvl[0] if isinstance(lvl, (bytes, bytearray)) else int(lvl)
+    return _as_int(status.level)
 
 
 class DiagnosticsPublisher:
