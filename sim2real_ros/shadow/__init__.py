@@ -1,0 +1,1 @@
+"""Shadow mode and phased rollout: divergence metrics, rollout gates, the stage machine, report."""
