@@ -37,6 +37,9 @@ DRIVER_TOPICS = {
 # In joint_trajectory_controller mode the safety filter's Float64MultiArray goes here and the
 # trajectory adapter turns it into JointTrajectory points for the controller.
 ADAPTER_INPUT_TOPIC = "trajectory_adapter/commands"
+# How restartable nodes are respawned, by `sim2real run` and by the launch file alike.
+RESTART_LIMIT = 3
+RESTART_DELAY_S = 0.5
 
 
 @dataclass(frozen=True)

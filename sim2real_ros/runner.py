@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from sim2real_ros.graph import Graph, NodeSpec
+from sim2real_ros.graph import RESTART_DELAY_S, RESTART_LIMIT, Graph, NodeSpec
 from sim2real_ros.ros.env import child_env
 
 EXIT_OK = 0
@@ -66,8 +66,8 @@ class RunnerConfig:
     """How the runner treats its processes."""
 
     grace_s: float = 10.0  # SIGINT -> SIGKILL
-    max_restarts: int = 3  # per restartable node over the whole run
-    restart_delay_s: float = 0.5
+    max_restarts: int = RESTART_LIMIT  # per restartable node over the whole run
+    restart_delay_s: float = RESTART_DELAY_S
     poll_period_s: float = 0.05
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)
