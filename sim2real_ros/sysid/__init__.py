@@ -1,0 +1,1 @@
+"""System identification of the actual unit: excite, record, fit, calibrate the simulator."""
