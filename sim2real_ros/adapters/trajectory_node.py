@@ -9,6 +9,7 @@ command QoS ros2_control uses, plus its counters on /diagnostics.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from builtin_interfaces.msg import Duration
 from rclpy.node import Node
@@ -50,8 +51,9 @@ def _to_duration(t_s: float) -> Duration:
 class TrajectoryAdapter(Node):
     """Stream every position command as a one-point JointTrajectory."""
 
-    def __init__(self) -> None:
-        super().__init__(NODE_NAME)
+    def __init__(self, **node_kwargs: Any) -> None:
+        # node_kwargs (context, parameter_overrides) let tests run the node in-process.
+        super().__init__(NODE_NAME, **node_kwargs)
         values = declare_params(self, PARAMS, on_change=self._on_change)
         joints = [j for j in values["joints"] if j]
         if not joints:
@@ -81,7 +83,7 @@ class TrajectoryAdapter(Node):
     def _on_command(self, msg: Float64MultiArray) -> None:
         point = self._streamer.convert(list(msg.data))
         if point is None:
-            self.get_logger().warn(
+            self.get_logger().warning(
                 f"dropped command: {self._streamer.stats.last_reject_reason}",
                 throttle_duration_sec=1.0)
             return
