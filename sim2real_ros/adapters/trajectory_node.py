@@ -77,7 +77,8 @@ class TrajectoryAdapter(Node):
 
     def _on_change(self, changes: dict[str, object]) -> str | None:
         if "time_from_start_s" in changes:
-            self._streamer.time_from_start_s = float(changes["time_from_start_s"])  # type: ignore[arg-type]
+            value = changes["time_from_start_s"]
+            self._streamer.time_from_start_s = float(value)  # type: ignore[arg-type]
         return None
 
     def _on_command(self, msg: Float64MultiArray) -> None:
