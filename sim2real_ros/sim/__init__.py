@@ -1,0 +1,1 @@
+"""Simulation backend: PyBullet plant, randomization, actuator/latency/sensor models, sim bridge."""
