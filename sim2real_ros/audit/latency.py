@@ -1,0 +1,142 @@
+"""Observation-to-action latency of a graph, from header stamps and arrival times.
+
+The policy stamps its command with the stamp of the joint_states it answers (topic contract), so
+the age of an observation when the arm receives the command built from it is
+`arrival(forward_position_controller/commands) - header.stamp(policy/joint_command)`. The same
+pairing runs on a live graph (arrival = the probe's clock, see probe.py) and on a bag (arrival =
+the recorder's receive time). Pure: no rclpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim2real_ros.audit.evidence import LatencyMeasurement
+
+STATE_TOPIC = "joint_states"
+ANSWER_TOPICS = ("policy/joint_command", "baseline/joint_command")
+COMMAND_TOPIC = "forward_position_controller/commands"
+
+
+def topic_matches(topic: str, name: str) -> bool:
+    """True if `topic` is `name` or ends with `/name` (namespaced or absolute)."""
+    t = topic.lstrip("/")
+    n = name.lstrip("/")
+    return t == n or t.endswith("/" + n)
+
+
+def header_stamp_ns(msg: Any) -> int | None:
+    """Return a message's header stamp in ns (works for rclpy and rosbags messages)."""
+    header = getattr(msg, "header", None)
+    if header is None:
+        return None
+    stamp = header.stamp
+    sec = getattr(stamp, "sec", None)
+    nsec = getattr(stamp, "nanosec", None)
+    if sec is None or nsec is None:
+        return None
+    return int(sec) * 1_000_000_000 + int(nsec)
+
+
+@dataclass
+class LatencyPairer:
+    """Pair arm commands with the observation stamps they answer, as messages stream in.
+
+    Only the first arm command after a new answer counts: a filter that republishes its last
+    command on a timer holds a target, it does not make a new decision.
+    """
+
+    obs_to_command_s: list[float] = field(default_factory=list)
+    obs_to_answer_s: list[float] = field(default_factory=list)
+    state_transport_s: list[float] = field(default_factory=list)
+    _pending_stamp_ns: int | None = None
+    _last_answer_stamp_ns: int | None = None
+
+    def add_state(self, arrival_ns: int, stamp_ns: int | None) -> None:
+        """Record a joint_states arrival (its transport delay)."""
+        if stamp_ns is not None and stamp_ns > 0:
+            self.state_transport_s.append((arrival_ns - stamp_ns) * 1e-9)
+
+    def add_answer(self, arrival_ns: int, stamp_ns: int | None) -> None:
+        """Record a policy (or baseline) command stamped with its observation's stamp."""
+        if stamp_ns is None or stamp_ns <= 0:
+            return
+        # A repeated stamp is the same decision republished; it is not a new answer.
+        if stamp_ns == self._last_answer_stamp_ns:
+            return
+        self._last_answer_stamp_ns = stamp_ns
+        self.obs_to_answer_s.append((arrival_ns - stamp_ns) * 1e-9)
+        self._pending_stamp_ns = stamp_ns
+
+    def add_command(self, arrival_ns: int) -> None:
+        """Record an arm command; pair it with the newest unanswered decision."""
+        if self._pending_stamp_ns is None:
+            return
+        self.obs_to_command_s.append((arrival_ns - self._pending_stamp_ns) * 1e-9)
+        self._pending_stamp_ns = None
+
+    def add(self, topic: str, arrival_ns: int, msg: Any) -> None:
+        """Route one message by topic name."""
+        if topic_matches(topic, COMMAND_TOPIC):
+            self.add_command(arrival_ns)
+        elif any(topic_matches(topic, a) for a in ANSWER_TOPICS):
+            self.add_answer(arrival_ns, header_stamp_ns(msg))
+        elif topic_matches(topic, STATE_TOPIC):
+            self.add_state(arrival_ns, header_stamp_ns(msg))
+
+    def measurement(self, source: str) -> LatencyMeasurement | None:
+        """Return the latency statistics, or None when no command could be paired."""
+        if not self.obs_to_command_s:
+            return None
+        cmd = np.asarray(self.obs_to_command_s)
+        ans = np.asarray(self.obs_to_answer_s)
+        st = np.asarray(self.state_transport_s)
+        return LatencyMeasurement(
+            source=source,
+            n=int(cmd.size),
+            obs_to_command_p50_s=float(np.percentile(cmd, 50)),
+            obs_to_command_p99_s=float(np.percentile(cmd, 99)),
+            obs_to_command_max_s=float(cmd.max()),
+            obs_to_policy_p50_s=float(np.percentile(ans, 50)) if ans.size else None,
+            obs_to_policy_p99_s=float(np.percentile(ans, 99)) if ans.size else None,
+            state_transport_p50_s=float(np.percentile(st, 50)) if st.size else None,
+        )
+
+
+def latency_from_messages(
+    messages: Iterable[tuple[str, int, Any]], source: str
+) -> LatencyMeasurement | None:
+    """Measure from (topic, arrival_ns, msg) in arrival order, e.g. a bag's messages."""
+    pairer = LatencyPairer()
+    for topic, t_ns, msg in messages:
+        pairer.add(topic, t_ns, msg)
+    return pairer.measurement(source)
+
+
+def bag_topics(bag_path: str | Path) -> list[str]:
+    """Return the topic names a bag holds (through the sysid room's bag reader)."""
+    from sim2real_ros.sysid.bags import bag_metadata
+
+    meta = bag_metadata(bag_path)
+    topics = meta.get("topics") if isinstance(meta, dict) else getattr(meta, "topics", None)
+    if isinstance(topics, dict):
+        return list(topics)
+    return [t if isinstance(t, str) else t.get("name", "") for t in topics or []]
+
+
+def latency_from_bag(bag_path: str | Path) -> LatencyMeasurement | None:
+    """Measure the observation-to-action latency recorded in a bag (None if it lacks topics)."""
+    from sim2real_ros.sysid.bags import read_messages
+
+    wanted = [STATE_TOPIC, *ANSWER_TOPICS, COMMAND_TOPIC]
+    topics = [t for t in bag_topics(bag_path) if any(topic_matches(t, w) for w in wanted)]
+    if not any(topic_matches(t, COMMAND_TOPIC) for t in topics):
+        return None
+    if not any(any(topic_matches(t, a) for a in ANSWER_TOPICS) for t in topics):
+        return None
+    return latency_from_messages(read_messages(bag_path, topics), f"bag {bag_path}")
