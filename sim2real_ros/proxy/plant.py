@@ -23,7 +23,7 @@ from sim2real_ros.proxy.unit import ProxyUnit
 from sim2real_ros.robot.model import ArmModel, load_arm
 
 FT_LINK = "ft_sensor_link"
-TOOL_LINK = "tool_link"
+TIP_LINK = "tool0"
 _INTEGRATORS = {
     "implicitfast": mujoco.mjtIntegrator.mjINT_IMPLICITFAST,
     "implicit": mujoco.mjtIntegrator.mjINT_IMPLICIT,
@@ -169,7 +169,9 @@ class ProxyPlant:
                 body.mass = body.mass * unit.link_mass_scale
                 body.inertia = np.asarray(body.inertia) * unit.link_mass_scale
         if unit.payload_kg > 0:
-            tool = spec.body(TOOL_LINK)
+            tool = spec.body(TIP_LINK)
+            if tool is None:
+                raise ValueError(f"{self.urdf_path}: no link {TIP_LINK} to mount the payload on")
             # A compact payload (a 5 cm sphere's inertia) bolted to the tool flange.
             r = 0.05
             i_kgm2 = 0.4 * unit.payload_kg * r * r
@@ -245,7 +247,9 @@ class ProxyPlant:
         self.steps = 0
         return self.measure()
 
-    def command_position(self, q_target_rad: np.ndarray, issued_at_s: float | None = None) -> float:
+    def command_position(
+        self, q_target_rad: np.ndarray, issued_at_s: float | None = None
+    ) -> float:
         """Queue a position command; return the plant time at which the drive will act on it.
 
         The bus delays it by the unit's latency plus a uniform jitter; commands never overtake
@@ -331,7 +335,8 @@ class ProxyPlant:
         if np.any(u.ft_noise_std > 0):
             wrench = wrench + self._rng.normal(0.0, 1.0, 6) * u.ft_noise_std
         return ProxyMeasurement(
-            self.time_s, q, self.data.qvel[self._dadr].copy(), self.data.actuator_force.copy(), wrench
+            self.time_s, q, self.data.qvel[self._dadr].copy(),
+            self.data.actuator_force.copy(), wrench,
         )
 
     def pending_commands(self) -> int:

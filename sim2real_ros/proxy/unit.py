@@ -57,7 +57,7 @@ class ProxyUnit:
     servo_reference_pose_rad: np.ndarray
     link_mass_scale: float
     payload_kg: float
-    payload_offset_m: np.ndarray  # in the tool_link frame
+    payload_offset_m: np.ndarray  # from the tip frame (tool0), in that frame
     armature_kgm2: np.ndarray
     joint_damping_nms: np.ndarray
     joint_friction_nm: np.ndarray
@@ -164,7 +164,8 @@ class ProxyUnit:
                 if len(v) != n:
                     raise ConfigError(p, f"{sec}.{key}", v, allowed)
                 return np.array(
-                    [_finite(p, f"{sec}.{key}[{i}]", x, low, high, allowed) for i, x in enumerate(v)]
+                    [_finite(p, f"{sec}.{key}[{i}]", x, low, high, allowed)
+                     for i, x in enumerate(v)]
                 )
             return np.full(n, _finite(p, f"{sec}.{key}", v, low, high, allowed))
 
@@ -177,7 +178,8 @@ class ProxyUnit:
             if not isinstance(v, list) or len(v) != size:
                 raise ConfigError(p, f"{sec}.{key}", v, allowed)
             return np.array(
-                [_finite(p, f"{sec}.{key}[{i}]", x, -bound, bound, allowed) for i, x in enumerate(v)]
+                [_finite(p, f"{sec}.{key}[{i}]", x, -bound, bound, allowed)
+                 for i, x in enumerate(v)]
             )
 
         unit_id = data.get("unit_id", p.stem)
@@ -199,15 +201,21 @@ class ProxyUnit:
             torque = base.torque_limit_nm * per_joint(
                 "joints", "torque_limit_scale", np.ones(n), 0.05, 2.0, ""
             )
-        ref = per_joint("servo", "reference_pose_rad", base.servo_reference_pose_rad, -3.2, 3.2, "rad")
+        ref = per_joint(
+            "servo", "reference_pose_rad", base.servo_reference_pose_rad, -3.2, 3.2, "rad"
+        )
         return cls(
             unit_id=unit_id.strip(),
             seed=int(seed),
             joint_names=tuple(names),
             physics_dt_s=num("physics", "timestep_s", base.physics_dt_s, 1e-4, 5e-3, "s"),
             integrator=str(integrator),
-            servo_bandwidth_hz=num("servo", "bandwidth_hz", base.servo_bandwidth_hz, 0.5, 30, "Hz"),
-            servo_damping_ratio=num("servo", "damping_ratio", base.servo_damping_ratio, 0.2, 3, ""),
+            servo_bandwidth_hz=num(
+                "servo", "bandwidth_hz", base.servo_bandwidth_hz, 0.5, 30, "Hz"
+            ),
+            servo_damping_ratio=num(
+                "servo", "damping_ratio", base.servo_damping_ratio, 0.2, 3, ""
+            ),
             servo_integral_time_s=num(
                 "servo", "integral_time_s", base.servo_integral_time_s, 0.0, 100.0, "s"
             ),
@@ -215,7 +223,9 @@ class ProxyUnit:
             link_mass_scale=num("mass", "link_mass_scale", 1.0, 0.3, 3.0, ""),
             payload_kg=num("mass", "payload_kg", 0.0, 0.0, 20.0, "kg"),
             payload_offset_m=vector("mass", "payload_offset_m", 3, np.zeros(3), 0.5),
-            armature_kgm2=per_joint("joints", "armature_kgm2", base.armature_kgm2, 0, 10, "kg·m²"),
+            armature_kgm2=per_joint(
+                "joints", "armature_kgm2", base.armature_kgm2, 0, 10, "kg·m²"
+            ),
             joint_damping_nms=per_joint(
                 "joints", "damping_nms", base.joint_damping_nms, 0.0, 100.0, "N·m·s/rad"
             ),
