@@ -59,6 +59,9 @@ class ProbeCore:
     command_latency_trace: list[tuple[float, float]] = field(default_factory=list)
     policy_latency_s: list[float] = field(default_factory=list)
     source_arrivals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    # Arrival times relative to t0 of each source's commands (gaps show a dead policy).
+    source_times: dict[str, list[float]] = field(
+        default_factory=lambda: {s: [] for s in SOURCES})
     confidence: list[tuple[float, float, float]] = field(default_factory=list)  # t, disagree, ood
     tool_trace: list[tuple[float, float]] = field(default_factory=list)  # t, distance to target
     targets: list[TargetVisit] = field(default_factory=list)
@@ -101,7 +104,7 @@ class ProbeCore:
 
     def on_source_command(self, source: str, arrival_s: float, obs_stamp_s: float) -> None:
         """Record a policy or baseline command (stamped with the observation it answers)."""
-        self._rel(arrival_s)
+        self.source_times[source].append(self._rel(arrival_s))
         self.source_arrivals[source] += 1
         self.pairer.add_answer(int(arrival_s * 1e9), int(obs_stamp_s * 1e9))
         if source == "policy":

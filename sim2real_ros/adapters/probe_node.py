@@ -27,10 +27,16 @@ from sim2real_ros.ros.convert import MessageError, joint_state_to_arrays, stamp_
 from sim2real_ros.ros.diagnostics import status_level, status_values
 from sim2real_ros.ros.qos import COMMAND_QOS, EVENT_QOS, LATCHED_QOS, STATE_QOS
 
+# Latched JSON records (topic -> key) and periodic JSON reports; the newest of each is kept in
+# `latched`, every one with its time in `latched_history`.
 LATCHED = {
     "safety_filter/status": "safety_status",
     "policy_node/active_version": "policy_version",
     "sim_bridge/randomization": "randomization",
+    "shadow_comparator/recommendation": "shadow_recommendation",
+}
+REPORTS = {
+    "shadow_comparator/report": "shadow_report",
 }
 
 
@@ -68,6 +74,9 @@ class GraphProbe(Node):
             self.create_subscription(
                 String, topic, lambda m, tp=topic, k=key: self._on_latched(tp, k, m),
                 LATCHED_QOS)
+        for topic, key in REPORTS.items():
+            self.create_subscription(
+                String, topic, lambda m, tp=topic, k=key: self._on_latched(tp, k, m), STATE_QOS)
         self.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics,
                                  STATE_QOS)
 

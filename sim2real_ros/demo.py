@@ -1,0 +1,518 @@
+"""`sim2real demo` / `make demo`: the sim graph for ~60 s on the wall clock, with scripted faults.
+
+Hardware-in-the-loop style: every node runs as its own process (the same graph as
+`sim2real run --backend sim`), the sim bridge steps in real time, and the demo measures the
+graph from outside with a probe, as one would on a cell. The shipped policy runs in shadow mode
+against the baseline with the safety filter active, the task sequencer cycles targets and the
+shadow comparator scores the policy. Mid-run the demo injects an uncertainty spike into the
+policy, then kills the policy process with SIGKILL (the policy is restartable: the runner
+respawns it while the safety filter keeps the baseline in charge). At the end it prints a
+summary and writes summary.json, plots and every node's log to runs/demo-<timestamp>/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sim2real_ros.graph import Graph, GraphArgs, build_graph
+
+# Which parameter of which node makes the policy's uncertainty spike, and the value that does.
+SPIKE_PARAM = ("policy_node", "fault_ood_offset")
+
+
+@dataclass
+class DemoOptions:
+    """What the demo runs and where it writes."""
+
+    duration_s: float = 60.0
+    rollout_stage: str = "shadow"
+    runs_dir: Path = Path("runs")
+    faults: bool = True
+    plots: bool = True
+    startup_timeout_s: float = 60.0
+    # Fractions of the run at which the scripted faults happen.
+    spike_at: float = 0.35
+    spike_duration_s: float = 4.0
+    kill_at: float = 0.6
+    reach_tolerance_m: float = 0.03
+
+
+@dataclass
+class FaultRecord:
+    """One scripted fault and what the graph did about it."""
+
+    kind: str
+    t_s: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def ensure_dds_env() -> None:
+    """Keep DDS on loopback and on a domain of its own when the caller did not (make demo does)."""
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] != "LOCALHOST":
+        os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    if not os.environ.get("ROS_DOMAIN_ID", "").isdigit():
+        os.environ["ROS_DOMAIN_ID"] = str(1 + int.from_bytes(os.urandom(2), "little") % 100)
+
+
+def demo_graph(options: DemoOptions) -> tuple[Graph, list[str]]:
+    """Return the demo's graph (the nodes that are installed) and the names left out."""
+    graph = build_graph(GraphArgs(backend="sim", rollout_stage=options.rollout_stage))
+    missing = graph.missing()
+    graph = graph.without(missing)
+    if "policy_node" in graph.names():
+        # The scripted kill is planned: the runner must respawn the policy, not end the demo.
+        graph = graph.with_node("policy_node", restartable=True)
+    return graph, missing
+
+
+def new_run_dir(runs_dir: Path) -> Path:
+    """Create runs/demo-<timestamp>/ (with a suffix if it exists)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = runs_dir / f"demo-{stamp}"
+    k = 1
+    while path.exists():
+        path = runs_dir / f"demo-{stamp}-{k}"
+        k += 1
+    path.mkdir(parents=True)
+    return path
+
+
+class FaultScript:
+    """The scripted faults, stepped from the demo loop with seconds since the loop closed."""
+
+    def __init__(self, options: DemoOptions, graph: Graph, runner: Any, probe: Any) -> None:
+        self.options = options
+        self.graph = graph
+        self.runner = runner
+        self.probe = probe
+        self.records: list[FaultRecord] = []
+        self.spike_start_s = options.spike_at * options.duration_s
+        self.spike_end_s = self.spike_start_s + options.spike_duration_s
+        self.kill_s = options.kill_at * options.duration_s
+        self._done: set[str] = set()
+        self._spike: FaultRecord | None = None
+        self._kill: FaultRecord | None = None
+
+    def step(self, t: float) -> None:
+        """Fire whatever is due at `t` (s since the loop closed)."""
+        has_policy = "policy_node" in self.graph.names()
+        if has_policy and t >= self.spike_start_s and "spike" not in self._done:
+            self._done.add("spike")
+            self._spike = FaultRecord("uncertainty_spike", t, self._spike_on())
+            self.records.append(self._spike)
+            print(f"  t={t:5.1f} s  FAULT: uncertainty spike in the policy "
+                  f"({self._spike.detail.get('mechanism')})")
+        if self._spike is not None and t >= self.spike_end_s and "spike_end" not in self._done:
+            self._done.add("spike_end")
+            self._spike.detail["ended_at_s"] = t
+            self._spike.detail.update(self._spike_off())
+        if has_policy and t >= self.kill_s and "kill" not in self._done:
+            self._done.add("kill")
+            pid = self.runner.pid("policy_node")
+            self.runner.kill("policy_node", signal.SIGKILL)
+            self._kill = FaultRecord("policy_killed", t, {"signal": "SIGKILL", "pid": pid})
+            self.records.append(self._kill)
+            print(f"  t={t:5.1f} s  FAULT: policy process killed with SIGKILL (pid {pid})")
+
+    def _spike_on(self) -> dict[str, Any]:
+        return {"mechanism": "none available", "applied": False}
+
+    def _spike_off(self) -> dict[str, Any]:
+        return {}
+
+
+class _Tee:
+    """A text sink for the runner: node output to graph.log, runner lines also to the console."""
+
+    def __init__(self, path: Path, echo_runner: bool = True) -> None:
+        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        self._echo = echo_runner
+
+    def write(self, text: str) -> int:
+        self._f.write(text)
+        if self._echo and text.startswith("[runner]"):
+            sys.stdout.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._f.flush()
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def run_demo(options: DemoOptions) -> int:
+    """Run the demo; return 0 when the graph ran through its faults, 1 otherwise."""
+    ensure_dds_env()
+    # rclpy and the nodes are imported only now, with the DDS environment in place.
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+
+    from sim2real_ros.adapters.probe_node import GraphProbe
+    from sim2real_ros.runner import GraphRunner, RunnerConfig
+
+    graph, missing = demo_graph(options)
+    run_dir = new_run_dir(options.runs_dir)
+    if "shadow_comparator" in graph.names():
+        # Demo transitions go to the run folder, never into the shipped rollout log.
+        graph = graph.with_parameters("shadow_comparator",
+                                      rollout_log=str((run_dir / "rollout.jsonl").resolve()))
+    print(f"sim2real demo: run folder {run_dir}")
+    print(f"  ROS_DOMAIN_ID={os.environ['ROS_DOMAIN_ID']} "
+          f"ROS_AUTOMATIC_DISCOVERY_RANGE={os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE']}")
+    print(f"  nodes: {', '.join(graph.names())}")
+    if missing:
+        print(f"  not installed yet, left out: {', '.join(missing)}")
+    (run_dir / "graph.json").write_text(json.dumps(graph.describe(), indent=2))
+
+    tee = _Tee(run_dir / "graph.log")
+    runner = GraphRunner(graph, out=tee, log_dir=run_dir / "logs",  # type: ignore[arg-type]
+                         config=RunnerConfig(grace_s=10.0, max_restarts=3))
+    ctx = Context()
+    rclpy.init(context=ctx)
+    probe = GraphProbe("demo_probe", context=ctx, topics=graph.backend.topics,
+                       reach_tolerance_m=options.reach_tolerance_m)
+    executor = SingleThreadedExecutor(context=ctx)
+    executor.add_node(probe)
+    faults: list[FaultRecord] = []
+    failure: str | None = None
+    interrupted = False
+    t_loop0: float | None = None
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        runner.start()
+        t_loop0 = _wait_for_closed_loop(probe, executor, runner, options.startup_timeout_s,
+                                        lambda: interrupted)
+        if t_loop0 is None:
+            failure = runner.failed_node and f"node {runner.failed_node} died during start-up" \
+                or "the loop did not close (no arm command) within the start-up timeout"
+        else:
+            print(f"sim2real demo: loop closed; running {options.duration_s:.0f} s "
+                  "on the wall clock")
+            script = FaultScript(options, graph, runner, probe) if options.faults else None
+            failure = _run_loop(options, probe, executor, runner, script, t_loop0,
+                                lambda: interrupted)
+            if script is not None:
+                faults = script.records
+    finally:
+        clean = runner.stop()
+        signal.signal(signal.SIGINT, previous)
+        executor.shutdown()
+        probe.destroy_node()
+        rclpy.shutdown(context=ctx)
+        tee.close()
+    if interrupted and failure is None:
+        failure = "interrupted (Ctrl-C)"
+    summary = build_summary(options, graph, missing, runner, probe, faults, t_loop0, failure,
+                            clean, run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if options.plots:
+        summary["plots"] = write_plots(run_dir, probe, faults, t_loop0)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(format_summary(summary))
+    return 0 if summary["ok"] else 1
+
+
+def _wait_for_closed_loop(probe: Any, executor: Any, runner: Any, timeout_s: float,
+                          interrupted: Any) -> float | None:
+    """Spin until the first arm command arrives; return its time, or None (death, timeout)."""
+    deadline = time.monotonic() + timeout_s
+    last_poll = 0.0
+    while time.monotonic() < deadline and not interrupted():
+        executor.spin_once(timeout_sec=0.05)
+        if probe.core.command_arrivals_s:
+            return probe.core.command_arrivals_s[0]
+        if time.monotonic() - last_poll > 0.1:
+            last_poll = time.monotonic()
+            if runner.poll() is not None:
+                return None
+    return None
+
+
+def _run_loop(options: DemoOptions, probe: Any, executor: Any, runner: Any,
+              script: FaultScript | None, t_loop0: float, interrupted: Any) -> str | None:
+    """Run for the demo's duration; return why it failed, or None."""
+    end = t_loop0 + options.duration_s
+    next_poll = next_progress = 0.0
+    while not interrupted():
+        now = probe.now_s()
+        if now >= end:
+            return None
+        executor.spin_once(timeout_sec=0.02)
+        t = now - t_loop0
+        if script is not None:
+            script.step(t)
+        if now >= next_poll:
+            next_poll = now + 0.1
+            dead = runner.poll()
+            if dead is not None:
+                return f"node {dead} died and is not restartable: the graph was torn down"
+        if now >= next_progress:
+            next_progress = now + 10.0
+            print(_progress_line(probe, runner, t))
+    return None
+
+
+def _progress_line(probe: Any, runner: Any, t: float) -> str:
+    core = probe.core
+    recent = [a for a in core.command_arrivals_s if a >= probe.now_s() - 2.0]
+    rate = (len(recent) - 1) / (recent[-1] - recent[0]) if len(recent) > 2 else 0.0
+    source = (probe.latched.get("safety_status") or {}).get("source", "?")
+    reached = sum(1 for v in core.targets if v.reached_at_s is not None)
+    restarts = runner.restarts("policy_node") if "policy_node" in runner.graph.names() else 0
+    return (f"  t={t:5.1f} s  control {rate:6.1f} Hz  source {source:<8}  targets "
+            f"{reached}/{len(core.targets)} reached  safety events {len(core.events)}  "
+            f"policy restarts {restarts}")
+
+
+FALLBACK_WORDS = ("fallback",)
+
+
+def _window_stats(times: list[float], start: float, end: float) -> dict[str, Any]:
+    inside = [t for t in times if start <= t <= end]
+    gaps = [b - a for a, b in zip(inside, inside[1:])]
+    return {"n": len(inside), "max_gap_s": max(gaps) if gaps else None}
+
+
+def build_summary(options: DemoOptions, graph: Graph, missing: list[str], runner: Any,
+                  probe: Any, faults: list[FaultRecord], t_loop0: float | None,
+                  failure: str | None, clean_shutdown: bool, run_dir: Path) -> dict[str, Any]:
+    """Return everything the demo measured as a JSON-ready dict, with its pass/fail checks."""
+    core = probe.core
+    since = t_loop0
+    measured = core.summary(since_s=since)
+    t0 = core.t0_s or 0.0
+    loop_rel = (t_loop0 - t0) if t_loop0 is not None else 0.0
+    kinds: dict[str, int] = {}
+    for e in core.events:
+        kinds[str(e.get("kind", "?"))] = kinds.get(str(e.get("kind", "?")), 0) + 1
+    fallback_events = sum(n for k, n in kinds.items() if any(w in k for w in FALLBACK_WORDS))
+    interventions = sum(kinds.values()) - fallback_events
+    switches = [{"t_s": round(t - loop_rel, 3), "source": s} for t, s in core.source_timeline]
+    shadow = probe.latched.get("shadow_report") or {}
+    recommendation = probe.latched.get("shadow_recommendation") or {}
+    # Fault outcomes: did the arm keep receiving commands, and when did the policy come back?
+    arm_rel = [a - t0 - loop_rel for a in core.command_arrivals_s]
+    policy_rel = [t - loop_rel for t in core.source_times.get("policy", [])]
+    for f in faults:
+        if f.kind == "policy_killed":
+            after = [t for t in policy_rel if t > f.t_s]
+            f.detail["policy_commands_resumed_after_s"] = (
+                round(after[0] - f.t_s, 3) if after else None)
+            f.detail["arm_commands_during_outage"] = _window_stats(
+                arm_rel, f.t_s, after[0] if after else f.t_s + 5.0)
+            f.detail["restarts"] = runner.restarts("policy_node")
+        if f.kind == "uncertainty_spike":
+            end = f.detail.get("ended_at_s", f.t_s + options.spike_duration_s)
+            conf = [(t - loop_rel, d, o) for t, d, o in core.confidence]
+            before = [c for c in conf if f.t_s - 5.0 <= c[0] < f.t_s]
+            during = [c for c in conf if f.t_s <= c[0] <= end + 0.5]
+            f.detail["ood_before_max"] = max((c[2] for c in before), default=None)
+            f.detail["ood_during_max"] = max((c[2] for c in during), default=None)
+            f.detail["disagreement_during_max_rad"] = max((c[1] for c in during), default=None)
+            f.detail["source_switches"] = [s for s in switches if f.t_s <= s["t_s"] <= end + 5]
+    checks = {
+        "loop_closed": t_loop0 is not None,
+        "graph_stayed_up": failure is None or failure.startswith("interrupted"),
+        "control_rate_within_20pct_of_100hz": bool(
+            measured["control_rate_hz"] and measured["control_rate_hz"] >= 80.0),
+        "clean_shutdown": clean_shutdown,
+    }
+    if any(f.kind == "policy_killed" for f in faults):
+        kill = next(f for f in faults if f.kind == "policy_killed")
+        checks["policy_restarted_after_kill"] = (
+            kill.detail.get("policy_commands_resumed_after_s") is not None)
+        outage = kill.detail["arm_commands_during_outage"]
+        checks["arm_commanded_while_policy_dead"] = bool(
+            outage["max_gap_s"] is not None and outage["max_gap_s"] < 0.1)
+    return {
+        "ok": all(checks.values()) and failure is None,
+        "failure": failure,
+        "checks": checks,
+        "run_dir": str(run_dir),
+        "started_utc": datetime.utcnow().isoformat(timespec="seconds") + "Z",
+        "duration_s": options.duration_s,
+        "rollout_stage": options.rollout_stage,
+        "ros_domain_id": os.environ.get("ROS_DOMAIN_ID"),
+        "nodes": graph.names(),
+        "nodes_missing": missing,
+        "control_rate_hz": measured["control_rate_hz"],
+        "joint_states_rate_hz": measured["joint_states_rate_hz"],
+        "obs_to_command_latency_ms": measured["obs_to_command_latency_ms"],
+        "obs_to_policy_command_latency_ms": measured["obs_to_policy_command_latency_ms"],
+        "interventions": interventions,
+        "fallback_events": fallback_events,
+        "safety_events_by_kind": kinds,
+        "source_switches": switches,
+        "shadow_agreement": shadow.get("agreement_rate"),
+        "shadow_report": shadow,
+        "gate_status": recommendation,
+        "policy_version": probe.latched.get("policy_version"),
+        "targets": measured["targets"],
+        "targets_reached": measured["targets_reached"],
+        "reach_tolerance_m": measured["reach_tolerance_m"],
+        "faults": [asdict(f) for f in faults],
+        "runner_events": [asdict(e) for e in runner.events],
+        "measured": measured,
+    }
+
+
+def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}{unit}"
+    return f"{v}{unit}"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Return the human-readable summary printed at the end of the demo."""
+    lat = s["obs_to_command_latency_ms"]
+    plat = s["obs_to_policy_command_latency_ms"]
+    gate = s.get("gate_status") or {}
+    lines = [
+        "",
+        "=" * 72,
+        f"sim2real demo summary  ({s['run_dir']})",
+        "=" * 72,
+        f"nodes                      {', '.join(s['nodes'])}",
+    ]
+    if s["nodes_missing"]:
+        lines.append(f"not installed (left out)   {', '.join(s['nodes_missing'])}")
+    lines += [
+        f"rollout stage              {s['rollout_stage']}",
+        f"achieved control rate      {_fmt(s['control_rate_hz'], ' Hz', 1)}"
+        f"   (joint_states {_fmt(s['joint_states_rate_hz'], ' Hz', 1)})",
+        f"obs -> arm command latency p50 {_fmt(lat['p50'], ' ms')}  p99 {_fmt(lat['p99'], ' ms')}"
+        f"  (n={lat['n']})",
+        f"obs -> policy command      p50 {_fmt(plat['p50'], ' ms')}  "
+        f"p99 {_fmt(plat['p99'], ' ms')}  (n={plat['n']})",
+        f"safety interventions       {s['interventions']}   by kind {s['safety_events_by_kind']}",
+        f"fallback events            {s['fallback_events']}   source switches "
+        f"{[(x['t_s'], x['source']) for x in s['source_switches']][:8]}",
+        f"shadow agreement           {_fmt(s['shadow_agreement'], '', 3)}",
+        f"gate status                {_gate_line(gate)}",
+        f"targets reached            {s['targets_reached']}/{s['targets']} "
+        f"(within {s['reach_tolerance_m'] * 100:.0f} cm)",
+    ]
+    for f in s["faults"]:
+        d = {k: v for k, v in f["detail"].items() if k not in ("source_switches",)}
+        lines.append(f"fault at t={f['t_s']:.1f} s    {f['kind']}: {json.dumps(d, default=str)}")
+    lines.append("checks                     " + ", ".join(
+        f"{k}={'ok' if v else 'FAILED'}" for k, v in s["checks"].items()))
+    if s["failure"]:
+        lines.append(f"FAILURE                    {s['failure']}")
+    lines.append(f"result                     {'OK' if s['ok'] else 'FAILED'}")
+    lines.append(f"written                    {s['run_dir']}/summary.json, plots, logs/")
+    return "\n".join(lines)
+
+
+def _gate_line(gate: dict[str, Any]) -> str:
+    if not gate:
+        return "n/a (no recommendation heard)"
+    keys = ("stage", "next_stage", "promote", "reason")
+    parts = [f"{k}={gate[k]}" for k in keys if k in gate]
+    return ", ".join(parts) if parts else json.dumps(gate)[:200]
+
+
+def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],
+                t_loop0: float | None) -> list[str]:
+    """Write overview.png (tracking, confidence, latency, sources) and latency.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    core = probe.core
+    t0 = core.t0_s or 0.0
+    shift = (t_loop0 - t0) if t_loop0 is not None else 0.0
+    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
+    ax = axes[0]
+    if core.tool_trace:
+        tt, dd = np.array(core.tool_trace).T
+        ax.plot(tt - shift, dd * 100, lw=0.8, label="tool to target")
+    for v in core.targets:
+        ax.axvline(v.t_start_s - shift, color="0.8", lw=0.6)
+    ax.axhline(core.reach_tolerance_m * 100, color="g", ls="--", lw=0.8, label="tolerance")
+    ax.set_ylabel("distance (cm)")
+    ax.set_title("Tracking: tool0 distance to the task target (grey: new target)")
+    ax.legend(loc="upper right")
+    ax = axes[1]
+    if core.confidence:
+        tc, dis, ood = np.array(core.confidence).T
+        ax.plot(tc - shift, ood, lw=0.8, label="OOD score")
+        ax2 = ax.twinx()
+        ax2.plot(tc - shift, dis, lw=0.8, color="tab:orange", label="ensemble disagreement")
+        ax2.set_ylabel("disagreement (rad)")
+        ax2.legend(loc="upper left")
+    ax.set_ylabel("OOD (RMS z)")
+    ax.set_title("Policy confidence")
+    ax.legend(loc="upper right")
+    ax = axes[2]
+    if core.command_latency_trace:
+        tl, lat = np.array(core.command_latency_trace).T
+        ax.plot(tl - shift, lat * 1e3, ".", ms=1.5, label="obs -> arm command")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Observation to arm command latency")
+    ax = axes[3]
+    for src, y in (("baseline", 0), ("policy", 1)):
+        ts = np.asarray(core.source_times.get(src, []))
+        if ts.size:
+            ax.plot(ts - shift, np.full(ts.size, y), "|", ms=6, label=f"{src} commands")
+    for t, src in core.source_timeline:
+        ax.annotate(f"drives: {src}", (t - shift, 2), fontsize=7, rotation=30)
+    arm = np.asarray(core.command_arrivals_s) - t0 - shift
+    if arm.size:
+        ax.plot(arm, np.full(arm.size, -1), "|", ms=6, color="k", label="arm commands")
+    ax.set_yticks([-1, 0, 1, 2], ["arm", "baseline", "policy", "status"])
+    ax.set_title("Who commands (a gap in 'policy' = the killed process)")
+    ax.set_xlabel("time since the loop closed (s)")
+    for a in axes:
+        for f in faults:
+            color = "r" if f.kind == "policy_killed" else "m"
+            a.axvline(f.t_s, color=color, ls=":", lw=1.2)
+            end = f.detail.get("ended_at_s")
+            if end is not None:
+                a.axvspan(f.t_s, end, color=color, alpha=0.08)
+    axes[0].set_xlim(left=0)
+    fig.tight_layout()
+    overview = run_dir / "overview.png"
+    fig.savefig(overview, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    lat_ms = np.asarray([v for _, v in core.command_latency_trace]) * 1e3
+    if lat_ms.size:
+        ax[0].hist(lat_ms, bins=60)
+        for q in (50, 99):
+            ax[0].axvline(np.percentile(lat_ms, q), color="r", ls="--", lw=0.8)
+    ax[0].set_xlabel("obs -> arm command latency (ms)")
+    ax[0].set_title("latency (dashed: p50, p99)")
+    per = np.diff(core.command_arrivals_s) * 1e3
+    if per.size:
+        ax[1].hist(per, bins=60)
+    ax[1].set_xlabel("arm command period (ms)")
+    ax[1].set_title("control period")
+    fig.tight_layout()
+    latency = run_dir / "latency.png"
+    fig.savefig(latency, dpi=110)
+    plt.close(fig)
+    return [str(overview), str(latency)]
