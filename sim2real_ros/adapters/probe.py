@@ -83,6 +83,7 @@ class ProbeCore:
                        tool_xyz: np.ndarray | None = None) -> None:
         """Record one joint_states message (and the tool position computed from it)."""
         self._rel(arrival_s)
+        self.pairer.add_state(int(arrival_s * 1e9), int(stamp_s * 1e9))
         self.joint_state_arrivals_s.append(arrival_s)
         self.joint_state_stamps_s.append(stamp_s)
         if tool_xyz is not None and self._target is not None:
