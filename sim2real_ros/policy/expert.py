@@ -1,0 +1,64 @@
+"""The imitation expert: resolved-rate inverse kinematics from the arm model.
+
+It answers the same observation the policy sees with the normalized action the task expects:
+the joint-target step `dq = J^+ (k_i dt e) + (I - J^+ J) k_null f(|e|) dt (q_home - q)`, `J^+` the
+damped least-squares pseudo-inverse of the position Jacobian at the measured q, `e` the
+tool position error and `f` a fade from 1 (far) to 0 (at the target). Because the step moves the previous target, the loop integrates the
+Cartesian error: no steady-state error under gravity sag. The step is scaled down uniformly
+(direction kept: the tool moves on a straight line) so no joint exceeds `max_step_rad`.
+
+This is the policy room's teacher for behaviour cloning and DAgger. The safety room's
+baseline controller is a separate, independently written controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim2real_ros.policy.kinematics import BatchKinematics
+from sim2real_ros.policy.task import TaskConfig, step_to_action
+from sim2real_ros.robot.model import ArmModel
+
+
+@dataclass(frozen=True)
+class ExpertGains:
+    """Gains of the resolved-rate expert."""
+
+    k_integral_per_s: float = 10.0  # Cartesian error -> target velocity, 1/s
+    k_null_per_s: float = 2.0  # posture pull toward home in the Jacobian null space, 1/s
+    null_fade_m: float = 0.1  # the posture pull fades out linearly below this tool error, m
+    damping_m: float = 0.05  # damped least squares, m
+
+
+class IKExpert:
+    """Batched resolved-rate IK teacher for the reaching task."""
+
+    def __init__(self, arm: ArmModel, cfg: TaskConfig, gains: ExpertGains | None = None) -> None:
+        self.arm = arm
+        self.cfg = cfg
+        self.gains = gains or ExpertGains()
+        self.kin = BatchKinematics(arm)
+        self.home = np.array(cfg.home_rad, dtype=float)
+
+    def act(self, q: np.ndarray, target_m: np.ndarray) -> np.ndarray:
+        """Return normalized actions (B, n) in [-1, 1] for measured q (B, n) and targets (B, 3)."""
+        q = np.atleast_2d(np.asarray(q, dtype=float))
+        target_m = np.atleast_2d(np.asarray(target_m, dtype=float))
+        g, dt = self.gains, self.cfg.dt_s
+        tool, jac = self.kin.tool_and_jacobian(q)
+        err = target_m - tool
+        jjt = jac @ np.swapaxes(jac, 1, 2) + g.damping_m**2 * np.eye(3)
+        # J^+ = J^T (J J^T + l^2 I)^-1, applied to vectors without forming it twice
+        jpinv = np.swapaxes(jac, 1, 2) @ np.linalg.inv(jjt)
+        dq_task = (jpinv @ (g.k_integral_per_s * dt * err)[..., None])[..., 0]
+        proj = np.eye(q.shape[1]) - jpinv @ jac
+        # The posture pull only acts while the tool travels: it keeps the redundant joints
+        # near home over many targets, yet lets the arm come to rest once the tool arrives.
+        fade = np.minimum(np.linalg.norm(err, axis=1, keepdims=True) / g.null_fade_m, 1.0)
+        dq_null = (proj @ (fade * g.k_null_per_s * dt * (self.home - q))[..., None])[..., 0]
+        dq = dq_task + dq_null
+        peak = np.max(np.abs(dq), axis=1, keepdims=True) / self.cfg.max_step_rad
+        dq = dq / np.maximum(peak, 1.0)
+        return step_to_action(self.cfg, dq)
