@@ -355,6 +355,7 @@ class ShadowAccumulator:
         self.ood_score: deque[float] = deque(maxlen=s.max_history_steps)
         self._versions: set[int] = set()
         self._joints: deque[tuple[int, np.ndarray, np.ndarray | None]] = deque(maxlen=2000)
+        self._cov_waiting: deque[int] = deque(maxlen=1000)
         self._cov_n = 0
         self._cov_in = 0
         dims = 0 if self.training_stats is None else self.training_stats.mean.size
@@ -366,7 +367,16 @@ class ShadowAccumulator:
         self, t_ns: int, position_rad: np.ndarray, velocity_rad_s: np.ndarray | None
     ) -> None:
         """Record a measured state; commands look up the observation they answered by stamp."""
-        self._joints.append((int(t_ns), np.asarray(position_rad, float), velocity_rad_s))
+        q = np.asarray(position_rad, float)
+        self._joints.append((int(t_ns), q, velocity_rad_s))
+        if self._cov_waiting and self.training_stats is not None:
+            # The policy's answer arrived before the observation (topics are not ordered).
+            tol = self._matcher.tolerance_ns
+            for i, t in enumerate(self._cov_waiting):
+                if abs(t - t_ns) <= tol:
+                    del self._cov_waiting[i]
+                    self._add_coverage(q, velocity_rad_s)
+                    break
 
     def _observation_at(self, t_ns: int) -> tuple[np.ndarray, np.ndarray | None] | None:
         tol = self._matcher.tolerance_ns
@@ -383,8 +393,11 @@ class ShadowAccumulator:
         """Record a policy command; return the step when it pairs with a baseline command."""
         self._policy_n += 1
         obs = self._observation_at(int(t_ns))
-        if obs is not None and self.training_stats is not None:
-            self._add_coverage(obs[0], obs[1])
+        if self.training_stats is not None:
+            if obs is not None:
+                self._add_coverage(obs[0], obs[1])
+            else:
+                self._cov_waiting.append(int(t_ns))
         return self._add("policy", t_ns, position_rad, obs)
 
     def add_baseline(self, t_ns: int, position_rad: np.ndarray) -> StepDivergence | None:

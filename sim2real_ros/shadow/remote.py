@@ -1,0 +1,112 @@
+"""Talk to the running graph from a command: the safety filter's stage, the live recommendation.
+
+A short-lived rclpy node on its own context: reads and sets the `rollout_stage` parameter of the
+safety filter through its standard parameter services (what `ros2 param set` does) and waits
+for the comparator's latched recommendation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from types import TracebackType
+from typing import Any
+
+import rclpy
+from rcl_interfaces.msg import ParameterType
+from rclpy.context import Context
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.parameter_client import AsyncParameterClient
+from std_msgs.msg import String
+
+from sim2real_ros.ros.qos import LATCHED_QOS
+
+STAGE_PARAM = "rollout_stage"
+
+
+class RemoteError(RuntimeError):
+    """The graph did not answer as needed; the message says what was asked of whom."""
+
+
+class GraphClient:
+    """A temporary node for one CLI command; use as a context manager."""
+
+    def __init__(self, name: str = "sim2real_rollout_cli") -> None:
+        self.context = Context()
+        rclpy.init(context=self.context)
+        self.node = Node(f"{name}_{os.getpid()}", context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+
+    def __enter__(self) -> GraphClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Destroy the node and shut the context down."""
+        self.executor.remove_node(self.node)
+        self.node.destroy_node()
+        if self.context.ok():
+            rclpy.shutdown(context=self.context)
+
+    def _params(self, target: str, timeout_s: float) -> AsyncParameterClient:
+        client = AsyncParameterClient(self.node, target)
+        deadline = time.monotonic() + timeout_s
+        while not client.services_are_ready():
+            if time.monotonic() > deadline:
+                raise RemoteError(f"{target}: parameter services not available within "
+                                  f"{timeout_s} s (is the safety filter running?)")
+            self.executor.spin_once(timeout_sec=0.05)
+        return client
+
+    def _wait(self, future: Any, what: str, timeout_s: float) -> Any:
+        self.executor.spin_until_future_complete(future, timeout_sec=timeout_s)
+        if not future.done():
+            raise RemoteError(f"{what}: no answer within {timeout_s} s")
+        if future.exception() is not None:
+            raise RemoteError(f"{what}: {future.exception()}")
+        return future.result()
+
+    def get_stage(self, target: str, timeout_s: float = 5.0) -> str:
+        """Return the `rollout_stage` parameter of node `target`."""
+        client = self._params(target, timeout_s)
+        res = self._wait(client.get_parameters([STAGE_PARAM]), f"get {target} {STAGE_PARAM}",
+                         timeout_s)
+        if not res.values or res.values[0].type != ParameterType.PARAMETER_STRING:
+            raise RemoteError(f"{target} has no string parameter {STAGE_PARAM!r}")
+        return str(res.values[0].string_value)
+
+    def set_stage(self, target: str, stage: str, timeout_s: float = 5.0) -> None:
+        """Set `rollout_stage` on node `target`; raise RemoteError with the node's reason."""
+        client = self._params(target, timeout_s)
+        res = self._wait(client.set_parameters([Parameter(STAGE_PARAM, value=stage)]),
+                         f"set {target} {STAGE_PARAM}", timeout_s)
+        result = res.results[0]
+        if not result.successful:
+            raise RemoteError(f"{target} refused {STAGE_PARAM}={stage!r}: {result.reason}")
+
+    def latest(self, topic: str, timeout_s: float) -> dict[str, Any] | None:
+        """Return the latched JSON message on `topic`, or None if none arrives in time."""
+        got: list[str] = []
+        sub = self.node.create_subscription(String, topic, lambda m: got.append(m.data),
+                                            LATCHED_QOS)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not got and time.monotonic() < deadline:
+                self.executor.spin_once(timeout_sec=0.05)
+        finally:
+            self.node.destroy_subscription(sub)
+        if not got:
+            return None
+        data = json.loads(got[-1])
+        return data if isinstance(data, dict) else None
