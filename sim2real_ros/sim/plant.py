@@ -54,6 +54,7 @@ _ARRAY_FIELDS = (
     "kp_scale",
     "kd_scale",
     "torque_limit_scale",
+    "motor_lag_s",
     "gravity",
     "payload_offset_m",
     "com_offset_m",
@@ -75,6 +76,7 @@ class PlantParams:
     kp_scale: np.ndarray | float = 1.0  # position-gain scale of the joint servo
     kd_scale: np.ndarray | float = 1.0  # velocity-gain scale of the joint servo
     torque_limit_scale: np.ndarray | float = 1.0  # multiplies URDF effort limits
+    motor_lag_s: np.ndarray | float = 0.0  # first-order lag of motor torque (current loop)
     servo_bandwidth_hz: float = 10.0  # natural frequency of the position loop
     servo_damping_ratio: float = 1.0
     gravity: np.ndarray = field(default_factory=lambda: np.array([0.0, 0.0, -9.81]))  # m/s²
@@ -146,6 +148,39 @@ def _per_joint(value: Any, n: int, name: str) -> np.ndarray:
     return arr.copy()
 
 
+def resolve_params(params: PlantParams, arm: ArmModel) -> PlantParams:
+    """Return a copy with None replaced by URDF/default values and per-joint arrays expanded."""
+    p = params.copy()
+    n = arm.n_joints
+    urdf_damping = np.array([arm.all_joints[j].damping for j in arm.joint_names])
+    urdf_friction = np.array([arm.all_joints[j].friction for j in arm.joint_names])
+    p.joint_damping_nms = _per_joint(
+        urdf_damping if p.joint_damping_nms is None else p.joint_damping_nms,
+        n,
+        "joint_damping_nms",
+    )
+    p.joint_friction_nm = _per_joint(
+        urdf_friction if p.joint_friction_nm is None else p.joint_friction_nm,
+        n,
+        "joint_friction_nm",
+    )
+    p.armature_kgm2 = _per_joint(
+        DEFAULT_ARMATURE_KGM2 if p.armature_kgm2 is None else p.armature_kgm2, n, "armature_kgm2"
+    )
+    p.kp_scale = _per_joint(p.kp_scale, n, "kp_scale")
+    p.kd_scale = _per_joint(p.kd_scale, n, "kd_scale")
+    p.torque_limit_scale = _per_joint(p.torque_limit_scale, n, "torque_limit_scale")
+    p.motor_lag_s = _per_joint(p.motor_lag_s, n, "motor_lag_s")
+    p.com_offset_m = (
+        np.zeros((n, 3)) if p.com_offset_m is None else np.asarray(p.com_offset_m, dtype=float)
+    )
+    if p.com_offset_m.shape != (n, 3):
+        raise ValueError(f"com_offset_m: expected shape ({n}, 3), got {p.com_offset_m.shape}")
+    p.gravity = np.asarray(p.gravity, dtype=float)
+    p.payload_offset_m = np.asarray(p.payload_offset_m, dtype=float)
+    return p
+
+
 class ArmPlant:
     """One arm in its own PyBullet DIRECT client, stepped at a fixed physics rate."""
 
@@ -173,6 +208,7 @@ class ArmPlant:
         self._plane = -1
         self._loaded_key: tuple[Any, ...] | None = None
         self._load_count = 0
+        self._hist_len = 0
         self._t_s = 0.0
         self._steps = 0
         self._mode = "position"
@@ -207,31 +243,7 @@ class ArmPlant:
 
     def resolved_params(self, params: PlantParams | None = None) -> PlantParams:
         """Return params with every None replaced by the value the plant actually uses."""
-        p = (params or self.params).copy()
-        n = self.n
-        p.joint_damping_nms = _per_joint(
-            self.urdf_damping_nms if p.joint_damping_nms is None else p.joint_damping_nms,
-            n,
-            "joint_damping_nms",
-        )
-        p.joint_friction_nm = _per_joint(
-            self.urdf_friction_nm if p.joint_friction_nm is None else p.joint_friction_nm,
-            n,
-            "joint_friction_nm",
-        )
-        p.armature_kgm2 = _per_joint(
-            DEFAULT_ARMATURE_KGM2 if p.armature_kgm2 is None else p.armature_kgm2,
-            n,
-            "armature_kgm2",
-        )
-        p.kp_scale = _per_joint(p.kp_scale, n, "kp_scale")
-        p.kd_scale = _per_joint(p.kd_scale, n, "kd_scale")
-        p.torque_limit_scale = _per_joint(p.torque_limit_scale, n, "torque_limit_scale")
-        p.com_offset_m = (
-            np.zeros((n, 3)) if p.com_offset_m is None else np.asarray(p.com_offset_m, float)
-        )
-        p.gravity = np.asarray(p.gravity, dtype=float)
-        p.payload_offset_m = np.asarray(p.payload_offset_m, dtype=float)
+        p = resolve_params(params or self.params, self.arm)
         self._validate(p)
         return p
 
@@ -249,6 +261,7 @@ class ArmPlant:
             ("kp_scale", bool(np.all(p.kp_scale >= 0))),
             ("kd_scale", bool(np.all(p.kd_scale >= 0))),
             ("torque_limit_scale", bool(np.all(p.torque_limit_scale >= 0))),
+            ("motor_lag_s", bool(np.all(p.motor_lag_s >= 0))),
             ("gravity", p.gravity.shape == (3,)),
             ("payload_offset_m", p.payload_offset_m.shape == (3,)),
             ("com_offset_m", p.com_offset_m.shape == (n, 3)),
@@ -288,6 +301,9 @@ class ArmPlant:
         self._damping = p.joint_damping_nms.copy()
         self._effort_limit = self.arm.max_effort_nm * p.torque_limit_scale
         self._effort_limit = np.where(np.isfinite(self._effort_limit), self._effort_limit, 1e9)
+        lag = p.motor_lag_s
+        self._lag_alpha = np.where(lag > 0, 1.0 - np.exp(-self.physics_dt_s / np.maximum(lag, 1e-12)), 1.0)
+        self._lagged = bool(np.any(lag > 0))
         omega = 2.0 * math.pi * p.servo_bandwidth_hz
         self._kp_per_inertia = omega**2 * p.kp_scale
         self._kd_per_inertia = 2.0 * p.servo_damping_ratio * omega * p.kd_scale
@@ -436,7 +452,14 @@ class ArmPlant:
         self._plane = -1
         if self._ground_plane:
             shape = pb.createCollisionShape(pb.GEOM_PLANE, physicsClientId=c)
-            self._plane = pb.createMultiBody(0.0, shape, physicsClientId=c)
+            look = pb.createVisualShape(
+                pb.GEOM_BOX,
+                halfExtents=[2.0, 2.0, 0.001],
+                visualFramePosition=[0.0, 0.0, -0.001],
+                rgbaColor=[0.35, 0.35, 0.35, 1.0],
+                physicsClientId=c,
+            )
+            self._plane = pb.createMultiBody(0.0, shape, look, physicsClientId=c)
         by_name: dict[str, int] = {}
         movable: list[int] = []
         for j in range(pb.getNumJoints(self._body, physicsClientId=c)):
@@ -475,6 +498,9 @@ class ArmPlant:
             dyn = pb.getDynamicsInfo(self._body, self._ft_idx, physicsClientId=c)
             self._ft_com = np.array(dyn[3])
             self._ft_rot = np.array(pb.getMatrixFromQuaternion(dyn[4])).reshape(3, 3)
+        self._ft_com_t = tuple(float(v) for v in self._ft_com)
+        # One getJointStates call reads the chain and the F/T joint together.
+        self._read_idx = self._idx + ([self._ft_idx] if self._ft_idx >= 0 else [])
 
     # ----------------------------------------------------------------- state
     def _write_joint_state(self, q: np.ndarray, qd: np.ndarray) -> None:
@@ -514,6 +540,31 @@ class ArmPlant:
             raise ValueError(f"{mode} command has non-finite values: {arr.tolist()}")
         self._mode = mode
         self._target = arr.copy()
+
+    @property
+    def client(self) -> int:
+        """The PyBullet client id (for rendering)."""
+        return self._client
+
+    @property
+    def body(self) -> int:
+        """The PyBullet body id of the arm."""
+        return self._body
+
+    @property
+    def floor(self) -> int:
+        """The PyBullet body id of the floor (-1 without one)."""
+        return self._plane
+
+    @property
+    def steps(self) -> int:
+        """Physics steps since the last reset."""
+        return self._steps
+
+    @property
+    def history_s(self) -> float:
+        """How far back history_at() can look, s (0 when history is off)."""
+        return max(self._hist_len - 2, 0) * self.physics_dt_s
 
     @property
     def mode(self) -> str:
@@ -590,18 +641,54 @@ class ArmPlant:
         c = self._damping * self.physics_dt_s / self._m_diag
         self._damp_eff = self._damping / (1.0 + np.maximum(c - 0.5, 0.0))
 
+    def enable_history(self, seconds: float) -> None:
+        """Keep the pre-step state of every physics step for `seconds` (for delayed sensors)."""
+        length = max(2, int(math.ceil(seconds / self.physics_dt_s)) + 2)
+        self._hist_len = length
+        # The raw PyBullet tuples are kept by reference: recording costs almost nothing and
+        # parsing happens only for the steps a sensor actually reads.
+        self._hraw: list[Any] = [None] * length
+        self._htau: list[Any] = [None] * length
+
+    def history_at(self, t_s: float) -> PlantState:
+        """Return the state at the last physics step at or before t_s (clipped to the buffer)."""
+        k = int(math.floor(t_s / self.physics_dt_s + 1e-9))
+        if k >= self._steps or self._hist_len == 0:
+            return self.state()
+        k = max(k, self._steps - self._hist_len + 1, 0)
+        i = k % self._hist_len
+        return self._parse(self._hraw[i], self._htau[i], k * self.physics_dt_s)
+
+    def _parse(self, states: Any, tau: np.ndarray, t_s: float) -> PlantState:
+        nj = self.n
+        q = np.array([states[k][0] for k in range(nj)])
+        qd = np.array([states[k][1] for k in range(nj)])
+        wrench = self._raw_to_wrench(states[nj][2]) if self._ft_idx >= 0 else np.zeros(6)
+        return PlantState(t_s, q, qd, np.array(tau, dtype=float), wrench)
+
     def step(self, n: int = 1) -> PlantState:
         """Advance n physics steps with the held command; return the state after the last."""
-        body, idx, c = self._body, self._idx, self._client
+        self.advance_steps(n)
+        return self.state()
+
+    def advance_steps(self, n: int) -> None:
+        """Advance n physics steps with the held command (no state read at the end)."""
+        body, read, c, nj = self._body, self._read_idx, self._client, self.n
+        idx = self._idx
         get_states, set_ctrl, step = pb.getJointStates, pb.setJointMotorControlArray, pb.stepSimulation
+        torque_mode = pb.TORQUE_CONTROL
         lim = self._effort_limit
         neg_lim = -lim
+        alpha = self._lag_alpha
+        lagged = self._lagged
+        hist = self._hist_len
+        rng_j = range(nj)
         for _ in range(int(n)):
             if self._steps % GAIN_UPDATE_STEPS == 0:
                 self._update_gains()
-            states = get_states(body, idx, physicsClientId=c)
-            q = np.array([s[0] for s in states])
-            qd = np.array([s[1] for s in states])
+            states = get_states(body, read, physicsClientId=c)
+            q = np.array([states[k][0] for k in rng_j])
+            qd = np.array([states[k][1] for k in rng_j])
             mode = self._mode
             if mode == "position":
                 tau = self._kp * (self._target - q) - self._kd * qd
@@ -610,39 +697,49 @@ class ArmPlant:
             else:
                 tau = self._target
             tau = np.minimum(np.maximum(tau, neg_lim), lim)
-            applied = tau - self._damp_eff * qd
-            set_ctrl(body, idx, pb.TORQUE_CONTROL, forces=applied.tolist(), physicsClientId=c)
+            if lagged:
+                # First-order current loop: the motor torque follows the demand with lag τ.
+                tau = self._tau + alpha * (tau - self._tau)
+            if hist:
+                i = self._steps % hist
+                self._hraw[i] = states
+                self._htau[i] = self._tau
+            set_ctrl(
+                body, idx, torque_mode, forces=(tau - self._damp_eff * qd).tolist(),
+                physicsClientId=c,
+            )
             step(physicsClientId=c)
             self._tau = tau
-            self._q, self._qd = q, qd
+            self._q = q
             self._steps += 1
-            self._t_s = self._steps * self.physics_dt_s
-        return self.state()
+        self._t_s = self._steps * self.physics_dt_s
 
     def state(self) -> PlantState:
         """Read the current joint state and F/T wrench."""
-        c = self._client
-        states = pb.getJointStates(self._body, self._idx, physicsClientId=c)
-        self._q = np.array([s[0] for s in states])
-        self._qd = np.array([s[1] for s in states])
-        return PlantState(
-            t_s=self._t_s,
-            q=self._q.copy(),
-            qd=self._qd.copy(),
-            tau_nm=np.array(self._tau, dtype=float),
-            wrench=self.wrench(),
-        )
+        states = pb.getJointStates(self._body, self._read_idx, physicsClientId=self._client)
+        st = self._parse(states, self._tau, self._t_s)
+        self._q, self._qd = st.q.copy(), st.qd.copy()
+        return st
 
     def wrench(self) -> np.ndarray:
         """Wrench the tool side exerts on the arm at the sensor frame origin, sensor frame."""
-        if self._ft_idx < 0:
-            return np.zeros(6)
-        raw = pb.getJointState(self._body, self._ft_idx, physicsClientId=self._client)[2]
+        return self.state().wrench
+
+    def _raw_to_wrench(self, raw: Any) -> np.ndarray:
         # PyBullet reports the parent-on-child wrench in the child's inertial frame, about the
         # child's centre of mass; move it to the sensor (link) frame origin and flip the sign.
-        f = self._ft_rot @ np.array(raw[:3])
-        m = self._ft_rot @ np.array(raw[3:]) + np.cross(self._ft_com, f)
-        return -np.concatenate([f, m])
+        r = self._ft_rot
+        fx, fy, fz, mx, my, mz = raw
+        f0 = r[0, 0] * fx + r[0, 1] * fy + r[0, 2] * fz
+        f1 = r[1, 0] * fx + r[1, 1] * fy + r[1, 2] * fz
+        f2 = r[2, 0] * fx + r[2, 1] * fy + r[2, 2] * fz
+        m0 = r[0, 0] * mx + r[0, 1] * my + r[0, 2] * mz
+        m1 = r[1, 0] * mx + r[1, 1] * my + r[1, 2] * mz
+        m2 = r[2, 0] * mx + r[2, 1] * my + r[2, 2] * mz
+        cx, cy, cz = self._ft_com_t
+        return -np.array(
+            [f0, f1, f2, m0 + cy * f2 - cz * f1, m1 + cz * f0 - cx * f2, m2 + cx * f1 - cy * f0]
+        )
 
     def close(self) -> None:
         """Disconnect the PyBullet client and delete the temporary URDF."""
