@@ -125,14 +125,16 @@ DYNAMICS_AXES = (
     "link_mass", "link_inertia", "com_offset", "joint_damping", "joint_friction",
     "contact_friction", "restitution", "gravity", "payload",
 )
+LATENCY_TERMS = ("observation_delay", "observation_jitter", "observation_drop", "action_delay",
+                 "action_jitter", "action_drop")
 ACTUATOR_AXES = ("kp", "kd", "torque_limit", "deadband", "backlash", "motor_lag")
 # Actuator axes that bound what a command can achieve (saturation, dead zones, lag): without at
 # least one of them in the simulator a command becomes its effect.
 ACTUATOR_BOUNDING_AXES = ("torque_limit", "deadband", "backlash", "motor_lag")
 SENSOR_CHANNELS = (
-    "joint_position_noise", "joint_velocity_noise", "joint_position_bias",
-    "joint_position_drift", "joint_position_quantization", "ft_force_noise", "ft_torque_noise",
-    "ft_bias",
+    "joint_position_noise", "joint_velocity_noise", "joint_effort_noise", "joint_position_bias",
+    "joint_position_drift", "joint_position_quantization", "joint_velocity_quantization",
+    "ft_force_noise", "ft_torque_noise", "ft_bias",
 )
 # The channel whose configured std is compared with a measured std (measured key, unit).
 NOISE_MEASURED_KEYS = {
@@ -371,3 +373,107 @@ def as_floats(values: Any) -> tuple[float, ...]:
         return ()
     arr = np.atleast_1d(np.asarray(values, dtype=float)).ravel()
     return tuple(float(v) for v in arr)
+
+
+# --------------------------------------------------------------------------------------------
+# Adapters: the other rooms' files -> evidence. Their loaders are imported where used so the
+# checklist (and its tests) need neither PyBullet nor rosbags.
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """Read a field from a dataclass-like object or a mapping."""
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _utc(value: Any, path: str | Path, key: str = "created_utc") -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return parse_utc(value, path, key)
+
+
+def calibration_evidence(path: str | Path) -> tuple[CalibrationEvidence, list[MeasuredNoise]]:
+    """Read a calibration file (sysid room's loader); return it and the noise it measured."""
+    from sim2real_ros.sysid.calibration import load_calibration
+
+    cal = load_calibration(path)
+    latency = _get(cal, "latency") or {}
+    noise = dict(_get(cal, "noise") or {})
+    ev = CalibrationEvidence(
+        path=str(path),
+        unit_id=str(_get(cal, "unit_id")),
+        created_utc=_utc(_get(cal, "created_utc"), path),
+        n_runs=int(_get(cal, "n_runs") or 0),
+        nominal=dict(_get(cal, "nominal") or {}),
+        action_latency_s=_opt_float(_get(latency, "action_latency_s")),
+        observation_latency_s=_opt_float(_get(latency, "observation_latency_s")),
+        noise=noise,
+    )
+    measured = [MeasuredNoise(key, as_floats(value), f"calibration {path}")
+                for key, value in noise.items()
+                if key in {k for k, _ in NOISE_MEASURED_KEYS.values()} and value is not None]
+    return ev, measured
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def fault_record_evidence(path: str | Path) -> FaultRecordEvidence:
+    """Read the safety suite's fault-injection record (safety room's loader)."""
+    from sim2real_ros.safety.faults import load_fault_record
+
+    rec = load_fault_record(path)
+    faults = tuple(
+        FaultResult(
+            name=str(_get(f, "name")),
+            gap=str(_get(f, "gap") or ""),
+            injected=bool(_get(f, "injected")),
+            survived=bool(_get(f, "survived")),
+            reaction_periods=_opt_float(_get(f, "reaction_periods")),
+            detail=str(_get(f, "detail") or ""),
+        )
+        for f in _get(rec, "faults") or []
+    )
+    return FaultRecordEvidence(str(path), str(_get(rec, "envelope_sha256")),
+                               _utc(_get(rec, "created_utc"), path), faults)
+
+
+@dataclass
+class BagEvidence:
+    """What one bag says: the unit it measured, noise at rest, and the graph's latency."""
+
+    path: str
+    unit_id: str | None
+    noise: list[MeasuredNoise]
+    latency: LatencyMeasurement | None
+    topics: list[str]
+
+
+def bag_unit_id(metadata: dict[str, Any]) -> str | None:
+    """Return the unit serial a sysid bag's metadata names, if any."""
+    unit = metadata.get("unit")
+    if isinstance(unit, dict) and unit.get("serial"):
+        return str(unit["serial"])
+    return None
+
+
+def bag_evidence(path: str | Path, joint_names: list[str] | None = None) -> BagEvidence:
+    """Read one bag through the sysid room's reader; BagError for an unreadable bag."""
+    from sim2real_ros.audit.latency import latency_from_bag, topic_matches
+    from sim2real_ros.audit.noise import joint_noise_at_rest, wrench_noise_at_rest
+    from sim2real_ros.sysid.bags import bag_info, read_joint_states, read_wrench
+
+    info = bag_info(path)
+    topics = list(info.topics)
+    noise: list[MeasuredNoise] = []
+    if any(topic_matches(t, "joint_states") for t in topics):
+        js = read_joint_states(path, joint_names)
+        noise, windows = joint_noise_at_rest(js.t_s, js.position, js.velocity, f"bag {path}")
+        if noise and any(topic_matches(t, "force_torque_sensor_broadcaster/wrench")
+                         for t in topics):
+            w = read_wrench(path)
+            noise += wrench_noise_at_rest(w.t_s, w.wrench, windows, f"bag {path}")
+    return BagEvidence(str(path), bag_unit_id(info.metadata), noise, latency_from_bag(path),
+                       topics)

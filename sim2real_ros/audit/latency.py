@@ -120,13 +120,9 @@ def latency_from_messages(
 
 def bag_topics(bag_path: str | Path) -> list[str]:
     """Return the topic names a bag holds (through the sysid room's bag reader)."""
-    from sim2real_ros.sysid.bags import bag_metadata
+    from sim2real_ros.sysid.bags import bag_info
 
-    meta = bag_metadata(bag_path)
-    topics = meta.get("topics") if isinstance(meta, dict) else getattr(meta, "topics", None)
-    if isinstance(topics, dict):
-        return list(topics)
-    return [t if isinstance(t, str) else t.get("name", "") for t in topics or []]
+    return list(bag_info(bag_path).topics)
 
 
 def latency_from_bag(bag_path: str | Path) -> LatencyMeasurement | None:

@@ -1,0 +1,196 @@
+"""`sim2real audit` end to end: real spec, real bags, real graph; exit 1 on red, both files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rclpy.executors import SingleThreadedExecutor
+from test_audit_latency import DelayedController, StatePublisher
+
+from sim2real_ros.audit.evidence import HilRecord, load_hil_record, write_hil_record
+from sim2real_ros.audit.sources import TERM_AXES, sim_model_for
+from sim2real_ros.cli import main
+from sim2real_ros.config import ConfigError
+from sim2real_ros.ros.env import child_env
+from sim2real_ros.sysid.bags import (
+    BagWriter,
+    joint_state_msg,
+    multiarray_msg,
+    unit_metadata,
+    wrench_msg,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+NAMES = ["shoulder_pan_joint", "shoulder_lift_joint", "elbow_joint", "wrist_1_joint",
+         "wrist_2_joint", "wrist_3_joint"]
+UNIT = "arm-SN1234"
+MS = 1_000_000
+SIGMA_Q = 2e-4  # rad: inside the shipped spec's joint_position_noise range [5e-5, 5e-4]
+SIGMA_W = np.array([0.2, 0.2, 0.2, 0.01, 0.01, 0.01])  # N, N·m: inside its F/T noise ranges
+
+
+def write_cell_bag(path: Path, unit: str = UNIT, seconds: float = 3.0,
+                   latency_ms: float = 7.0) -> Path:
+    """A bag as the sysid recorder writes it: arm at rest, policy loop with a known latency."""
+    rng = np.random.default_rng(0)
+    q0 = np.array([0.0, -0.5, 1.2, 0.0, 1.0, 0.0])
+    with BagWriter(path, unit_metadata(unit, cell="cell-1")) as w:
+        w.add_topic("/joint_states", "sensor_msgs/msg/JointState")
+        w.add_topic("/policy/joint_command", "sensor_msgs/msg/JointState")
+        w.add_topic("/forward_position_controller/commands", "std_msgs/msg/Float64MultiArray")
+        w.add_topic("/force_torque_sensor_broadcaster/wrench", "geometry_msgs/msg/WrenchStamped")
+        t0 = 1_700_000_000 * 1_000_000_000
+        for k in range(int(seconds * 500)):
+            t = t0 + k * 2 * MS
+            q = q0 + rng.normal(0, SIGMA_Q, 6)
+            v = rng.normal(0, 3e-3, 6)
+            w.write_msg("/joint_states", t + MS // 2, joint_state_msg(NAMES, t, q, v))
+            w.write_msg("/force_torque_sensor_broadcaster/wrench", t + MS // 2,
+                        wrench_msg(t, "ft_sensor_link", rng.normal(0, 1, 6) * SIGMA_W))
+            if k % 5 == 0:  # 100 Hz policy answering this observation
+                w.write_msg("/policy/joint_command", t + 3 * MS, joint_state_msg(NAMES, t, q0))
+                w.write_msg("/forward_position_controller/commands",
+                            t + int(latency_ms * MS), multiarray_msg(q0))
+    return path
+
+
+def hil(path: Path, unit: str = UNIT, passed: bool = True) -> Path:
+    rec = HilRecord("proxy", unit, datetime.now(timezone.utc).isoformat(), 0.96, 50, 0.012,
+                    passed)
+    return write_hil_record(path, rec)
+
+
+def run(args: list[str]) -> tuple[int, dict, str]:
+    out = Path(args[args.index("-o") + 1])
+    code = main(["audit", *args])
+    return code, json.loads((out / "audit.json").read_text()), (out / "audit.md").read_text()
+
+
+def rows(report: dict) -> dict[str, str]:
+    return {r["gap"]: r["status"] for r in report["rows"]}
+
+
+def test_every_simulator_term_maps_to_a_checklist_axis() -> None:
+    from sim2real_ros.sim.randomization import TERMS
+
+    assert set(TERMS) == set(TERM_AXES)
+    for name, (gap, _) in TERM_AXES.items():
+        assert TERMS[name].group == gap
+
+
+def test_audit_of_the_shipped_spec_with_a_cell_bag(tmp_path: Path) -> None:
+    bag = write_cell_bag(tmp_path / "run1")
+    envelope = tmp_path / "envelope.yaml"
+    envelope.write_text("version: 1\n")
+    code, report, md = run([
+        "--bag", str(bag), "--hil-record", str(hil(tmp_path / "hil.json")),
+        "--envelope", str(envelope), "-o", str(tmp_path / "out")])
+    status = rows(report)
+    assert code == 0, status
+    assert status == {"visual": "green", "dynamics": "amber", "sensor": "green",
+                      "actuator": "green", "latency": "amber", "safety": "amber"}
+    assert report["units"] == {f"bag {bag}": UNIT}
+    (lat,) = report["measurements"]["latency"]
+    assert lat["obs_to_command_p50_s"] == pytest.approx(0.007)
+    assert lat["obs_to_policy_p50_s"] == pytest.approx(0.003)
+    pos = next(m for m in report["measurements"]["noise"] if m["key"] == "joint_position_std_rad")
+    np.testing.assert_allclose(pos["std"], SIGMA_Q, rtol=0.2)
+    latency_row = next(r for r in report["rows"] if r["gap"] == "latency")
+    assert any("covered" in e and "NOT" not in e for e in latency_row["evidence"])
+    assert any("watchdog" in m for m in latency_row["missing"])
+    assert "| Latency | 🟠 amber |" in md and "## Evidence per row" in md
+
+
+def test_red_row_exits_non_zero_and_still_writes_both_files(tmp_path: Path) -> None:
+    spec = tmp_path / "no_latency.yaml"
+    spec.write_text("terms:\n  link_mass: {operation: scale, distribution: uniform, "
+                    "range: [0.9, 1.1], mode: reset}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sim2real_ros.cli", "audit", "--spec", str(spec), "-o", str(out)],
+        env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "deployment blocked" in proc.stderr
+    report = json.loads((out / "audit.json").read_text())
+    assert report["deployable"] is False and report["overall"] == "red"
+    assert rows(report)["latency"] == "red" and rows(report)["sensor"] == "red"
+    assert "NOT deployable" in (out / "audit.md").read_text()
+
+
+def test_a_unit_mismatch_between_bag_and_declaration_is_reported(tmp_path: Path) -> None:
+    bag = write_cell_bag(tmp_path / "run1", unit="arm-SN9999", seconds=1.5)
+    code, report, _ = run(["--bag", str(bag), "--unit", UNIT, "--hil-record",
+                           str(hil(tmp_path / "h.json")), "-o", str(tmp_path / "o")])
+    dyn = next(r for r in report["rows"] if r["gap"] == "dynamics")
+    assert any("disagree" in e for e in dyn["evidence"])
+    act = next(r for r in report["rows"] if r["gap"] == "actuator")
+    assert act["status"] == "amber"  # the HIL record is for UNIT, the bag measured SN9999
+
+
+def test_bad_inputs_are_config_errors_naming_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "hil.json"
+    bad.write_text(json.dumps({"kind": "hil", "backend": "proxy", "unit_id": UNIT,
+                               "created_utc": "2026-01-01T00:00:00Z", "success_rate": 1.5,
+                               "n_episodes": 10, "tracking_error_rad": 0.1, "passed": True}))
+    with pytest.raises(ConfigError, match="success_rate"):
+        load_hil_record(bad)
+    assert main(["audit", "--hil-record", str(bad), "-o", str(tmp_path / "o")]) == 2
+    assert main(["audit", "--bag", str(tmp_path / "missing"), "-o", str(tmp_path / "o")]) == 2
+    assert main(["audit", "--noise-factor", "0.5", "-o", str(tmp_path / "o")]) == 2
+
+
+def test_hil_record_round_trips_and_old_records_do_not_count(tmp_path: Path) -> None:
+    path = hil(tmp_path / "hil.json")
+    assert load_hil_record(path).to_dict() == json.loads(path.read_text())
+    old = HilRecord("real", UNIT, (datetime.now(timezone.utc) - timedelta(days=91)).isoformat(),
+                    0.97, 40, 0.01, True)
+    code, report, _ = run(["--unit", UNIT, "--hil-record",
+                           str(write_hil_record(tmp_path / "old.json", old)),
+                           "-o", str(tmp_path / "o")])
+    assert rows(report)["actuator"] == "amber"
+
+
+def test_live_audit_measures_the_running_graph(ros_context: object, tmp_path: Path) -> None:
+    nodes = [StatePublisher(ros_context), DelayedController(ros_context, 0.020)]
+    executor = SingleThreadedExecutor(context=ros_context)  # type: ignore[arg-type]
+    for n in nodes:
+        executor.add_node(n)
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            executor.spin_once(timeout_sec=0.01)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        code, report, _ = run(["--live", "2.5", "-o", str(tmp_path / "o")])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for n in nodes:
+            executor.remove_node(n)
+            n.destroy_node()
+        executor.shutdown()
+    (lat,) = report["measurements"]["latency"]
+    assert lat["source"] == "live graph"
+    assert lat["n"] >= 50
+    assert 0.020 <= lat["obs_to_command_p50_s"] < 0.040
+    assert report["inputs"]["live_s"] == 2.5
+
+
+def test_calibration_spec_is_the_simulator_model_when_no_spec_is_given(tmp_path: Path) -> None:
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("nominal: {mass_scale: 1.02}\nrandomization:\n  terms:\n    action_delay: "
+                   "{operation: abs, distribution: uniform, range: [0.004, 0.006], mode: reset}\n")
+    sim, source = sim_model_for(None, [str(cal)])
+    assert sim is not None and source == str(cal)
+    assert sim.latency.action_delay_s == (0.004, 0.006)
+    assert sim.latency.observation_delay_s == (0.0, 0.0)
