@@ -48,6 +48,8 @@ setup(
             "shadow_comparator = sim2real_ros.shadow.node:main",
             "task_sequencer = sim2real_ros.policy.task_node:main",
             "proxy_arm = sim2real_ros.proxy.node:main",
+            "trajectory_adapter = sim2real_ros.adapters.trajectory_node:main",
+            "fault_injector = sim2real_ros.adapters.fault_node:main",
         ],
     },
 )

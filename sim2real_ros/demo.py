@@ -24,8 +24,8 @@ from typing import Any
 
 from sim2real_ros.graph import Graph, GraphArgs, build_graph
 
-# Which parameter of which node makes the policy's uncertainty spike, and the value that does.
-SPIKE_PARAM = ("policy_node", "fault_ood_offset")
+# The uncertainty spike: the policy's joint_states glitch (fault_injector in front of it).
+SPIKE_NODE = "/fault_injector"
 
 
 @dataclass
@@ -42,6 +42,9 @@ class DemoOptions:
     spike_at: float = 0.35
     spike_duration_s: float = 4.0
     kill_at: float = 0.6
+    # Size of the glitch that makes the spike (see adapters/faults.py).
+    spike_position_offset_rad: float = 0.5
+    spike_velocity_noise_rad_s: float = 1.0
     reach_tolerance_m: float = 0.03
 
 
@@ -71,6 +74,8 @@ def demo_graph(options: DemoOptions) -> tuple[Graph, list[str]]:
     if "policy_node" in graph.names():
         # The scripted kill is planned: the runner must respawn the policy, not end the demo.
         graph = graph.with_node("policy_node", restartable=True)
+        if options.faults:
+            graph = graph.with_fault_injector("policy_node")
     return graph, missing
 
 
@@ -89,8 +94,10 @@ def new_run_dir(runs_dir: Path) -> Path:
 class FaultScript:
     """The scripted faults, stepped from the demo loop with seconds since the loop closed."""
 
-    def __init__(self, options: DemoOptions, graph: Graph, runner: Any, probe: Any) -> None:
+    def __init__(self, options: DemoOptions, graph: Graph, runner: Any, probe: Any,
+                 executor: Any) -> None:
         self.options = options
+        self.executor = executor
         self.graph = graph
         self.runner = runner
         self.probe = probe
@@ -105,7 +112,8 @@ class FaultScript:
     def step(self, t: float) -> None:
         """Fire whatever is due at `t` (s since the loop closed)."""
         has_policy = "policy_node" in self.graph.names()
-        if has_policy and t >= self.spike_start_s and "spike" not in self._done:
+        has_injector = "fault_injector" in self.graph.names()
+        if has_injector and t >= self.spike_start_s and "spike" not in self._done:
             self._done.add("spike")
             self._spike = FaultRecord("uncertainty_spike", t, self._spike_on())
             self.records.append(self._spike)
@@ -123,11 +131,24 @@ class FaultScript:
             self.records.append(self._kill)
             print(f"  t={t:5.1f} s  FAULT: policy process killed with SIGKILL (pid {pid})")
 
+    def _set(self, values: dict[str, float]) -> list[str]:
+        from sim2real_ros.ros.graph_util import set_remote_parameters
+
+        # The probe's executor is spun inside; the demo loop resumes right after.
+        return set_remote_parameters(self.probe, self.executor, SPIKE_NODE, values, timeout_s=3.0)
+
     def _spike_on(self) -> dict[str, Any]:
-        return {"mechanism": "none available", "applied": False}
+        values = {"position_offset_rad": self.options.spike_position_offset_rad,
+                  "velocity_noise_rad_s": self.options.spike_velocity_noise_rad_s}
+        refused = self._set(values)
+        return {"mechanism": "glitched joint_states on the policy's input (fault_injector): "
+                f"+{values['position_offset_rad']} rad on every joint, "
+                f"{values['velocity_noise_rad_s']} rad/s velocity noise",
+                "applied": not refused, "refused": refused, **values}
 
     def _spike_off(self) -> dict[str, Any]:
-        return {}
+        refused = self._set({"position_offset_rad": 0.0, "velocity_noise_rad_s": 0.0})
+        return {"cleared": not refused}
 
 
 class _Tee:
@@ -177,8 +198,11 @@ def run_demo(options: DemoOptions) -> int:
     (run_dir / "graph.json").write_text(json.dumps(graph.describe(), indent=2))
 
     tee = _Tee(run_dir / "graph.log")
+    # A fresh policy registry in the run folder (initialised from the shipped default): the
+    # demo's rollbacks never touch the user's registry.
+    env = {"SIM2REAL_POLICY_REGISTRY": str((run_dir / "policies").resolve())}
     runner = GraphRunner(graph, out=tee, log_dir=run_dir / "logs",  # type: ignore[arg-type]
-                         config=RunnerConfig(grace_s=10.0, max_restarts=3))
+                         config=RunnerConfig(grace_s=10.0, max_restarts=3, extra_env=env))
     ctx = Context()
     rclpy.init(context=ctx)
     probe = GraphProbe("demo_probe", context=ctx, topics=graph.backend.topics,
@@ -206,7 +230,8 @@ def run_demo(options: DemoOptions) -> int:
         else:
             print(f"sim2real demo: loop closed; running {options.duration_s:.0f} s "
                   "on the wall clock")
-            script = FaultScript(options, graph, runner, probe) if options.faults else None
+            script = (FaultScript(options, graph, runner, probe, executor)
+                      if options.faults else None)
             failure = _run_loop(options, probe, executor, runner, script, t_loop0,
                                 lambda: interrupted)
             if script is not None:
@@ -361,7 +386,8 @@ def build_summary(options: DemoOptions, graph: Graph, missing: list[str], runner
         "fallback_events": fallback_events,
         "safety_events_by_kind": kinds,
         "source_switches": switches,
-        "shadow_agreement": shadow.get("agreement_rate"),
+        "shadow_agreement": ((shadow.get("metrics") or {}).get("gate_metrics") or {}).get(
+            "agreement_rate"),
         "shadow_report": shadow,
         "gate_status": recommendation,
         "policy_version": probe.latched.get("policy_version"),
@@ -424,12 +450,18 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _gate_line(gate: dict[str, Any]) -> str:
-    if not gate:
+def _gate_line(rec: dict[str, Any]) -> str:
+    if not rec:
         return "n/a (no recommendation heard)"
-    keys = ("stage", "next_stage", "promote", "reason")
-    parts = [f"{k}={gate[k]}" for k in keys if k in gate]
-    return ", ".join(parts) if parts else json.dumps(gate)[:200]
+    line = f"stage {rec.get('current_stage')} -> recommended {rec.get('recommended_stage')}"
+    gate = rec.get("gate") or {}
+    if gate:
+        failing = [c.get("criterion") for c in gate.get("criteria", []) if not c.get("passed")]
+        line += (f"; gate to {gate.get('to', 'next')} "
+                 f"{'passed' if gate.get('passed') else 'not passed'}")
+        if failing:
+            line += f" (failing: {', '.join(map(str, failing))})"
+    return line
 
 
 def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],

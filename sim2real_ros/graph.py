@@ -37,6 +37,9 @@ DRIVER_TOPICS = {
 # In joint_trajectory_controller mode the safety filter's Float64MultiArray goes here and the
 # trajectory adapter turns it into JointTrajectory points for the controller.
 ADAPTER_INPUT_TOPIC = "trajectory_adapter/commands"
+# The demo's observation-fault injector: (node name, module, topic it republishes on).
+FAULT_INJECTOR = ("fault_injector", "sim2real_ros.adapters.fault_node",
+                  "fault_injector/joint_states")
 # How restartable nodes are respawned, by `sim2real run` and by the launch file alike.
 RESTART_LIMIT = 3
 RESTART_DELAY_S = 0.5
@@ -189,6 +192,32 @@ class Graph:
         node = self.node(name)
         merged = {**node.parameter_dict(), **params}
         return self.with_node(name, parameters=tuple(merged.items()))
+
+    def with_fault_injector(self, target: str) -> Graph:
+        """Return the graph with `fault_injector` in front of `target`'s joint_states.
+
+        For scripted fault injection only (the demo): the injector forwards the arm's
+        joint_states to `target` and can glitch them on request, while every other node keeps
+        hearing the arm directly.
+        """
+        node = self.node(target)
+        injector = NodeSpec(
+            name=FAULT_INJECTOR[0], executable=FAULT_INJECTOR[0], module=FAULT_INJECTOR[1],
+            parameters=(("use_sim_time", self.backend.use_sim_time),),
+            remappings=tuple((s, d) for s, d in node.remappings
+                             if s == DRIVER_TOPICS["joint_states"]),
+            restartable=False, role="adapter")
+        # The first matching remap rule wins, so the contract name is replaced, not appended.
+        remaps = [(s, d) for s, d in node.remappings if s != DRIVER_TOPICS["joint_states"]]
+        remaps.insert(0, (DRIVER_TOPICS["joint_states"], FAULT_INJECTOR[2]))
+        nodes: list[NodeSpec] = []
+        for n in self.nodes:
+            if n.name == target:
+                nodes.append(injector)
+                nodes.append(replace(n, remappings=tuple(remaps)))
+            else:
+                nodes.append(n)
+        return replace(self, nodes=tuple(nodes))
 
     def describe(self) -> dict[str, Any]:
         """Return a plain, comparable description (what launch and runner must agree on)."""

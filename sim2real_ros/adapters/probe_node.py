@@ -68,7 +68,7 @@ class GraphProbe(Node):
                 lambda m, s=source: self._on_source(s, m), COMMAND_QOS)
         self.create_subscription(Vector3Stamped, "policy/confidence", self._on_confidence,
                                  COMMAND_QOS)
-        self.create_subscription(PointStamped, "task/target", self._on_target, LATCHED_QOS)
+        self.create_subscription(PointStamped, "task/target", self._on_target, STATE_QOS)
         self.create_subscription(String, "safety_filter/events", self._on_event, EVENT_QOS)
         for topic, key in LATCHED.items():
             self.create_subscription(
