@@ -1,0 +1,139 @@
+"""The proxy cell: the proxy_arm process plus the graph of `sim2real run --backend real`.
+
+The experiment powers the proxy arm up once per stage (like a cell whose arm stays on between
+jobs) and starts the real-backend graph for each job with the policy version and rollout stage
+of that job, exactly as `sim2real run --backend real --policy-version N --rollout-stage S`
+builds it (graph.build_graph + runner.GraphRunner). Only the task sequencer is left out: the
+evaluation driver publishes the targets itself so that every evaluation sees the same seeded
+targets.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from sim2real_ros.paths import share_path
+from sim2real_ros.ros.env import DISCOVERY_VAR, DOMAIN_VAR, child_env
+
+PROXY_MODULE = "sim2real_ros.proxy.node"
+REGISTRY_ENV = "SIM2REAL_POLICY_REGISTRY"
+
+
+class CellError(RuntimeError):
+    """A process of the proxy cell failed; the message names it and points at its log."""
+
+
+def ensure_dds_env() -> None:
+    """Keep the experiment's DDS traffic on loopback, on a domain of its own.
+
+    The experiment's nodes all run on this machine; a domain drawn per run keeps two runs
+    (or a run and a test) from talking to each other.
+    """
+    os.environ[DISCOVERY_VAR] = "LOCALHOST"
+    if not os.environ.get(DOMAIN_VAR, "").isdigit():
+        os.environ[DOMAIN_VAR] = str(random.SystemRandom().randint(1, 100))
+
+
+class ProxyArmProcess:
+    """The proxy_arm node as its own process (python -m sim2real_ros.proxy.node)."""
+
+    def __init__(self, unit_file: Path, log_path: Path,
+                 initial_positions_rad: np.ndarray | None = None) -> None:
+        self.unit_file = Path(unit_file)
+        self.log_path = Path(log_path)
+        self.initial = initial_positions_rad
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._log: TextIO | None = None
+
+    def command(self) -> list[str]:
+        """Return the command line that starts the proxy arm."""
+        args = [sys.executable, "-m", PROXY_MODULE, "--ros-args",
+                "--params-file", str(share_path("config", "nodes", "proxy_arm.yaml")),
+                "-p", f"unit_file:={self.unit_file}"]
+        if self.initial is not None:
+            vals = ",".join(f"{v:.6f}" for v in np.asarray(self.initial, dtype=float))
+            args += ["-p", f"initial_positions_rad:=[{vals}]"]
+        return args
+
+    def start(self) -> None:
+        """Power the proxy arm up."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(self.command(), env=child_env(), stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def check(self) -> None:
+        """Raise CellError when the proxy arm process has exited."""
+        if self.popen is not None and self.popen.poll() is not None:
+            raise CellError(f"proxy_arm exited with code {self.popen.returncode}; "
+                            f"see {self.log_path}")
+
+    def stop(self) -> None:
+        """Power it down: SIGINT, then SIGKILL after 5 s."""
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGINT)
+            try:
+                self.popen.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@contextmanager
+def proxy_arm(unit_file: Path, log_path: Path,
+              initial_positions_rad: np.ndarray | None = None) -> Iterator[ProxyArmProcess]:
+    """Run the proxy arm for the duration of a with-block."""
+    arm = ProxyArmProcess(unit_file, log_path, initial_positions_rad)
+    arm.start()
+    try:
+        yield arm
+    finally:
+        arm.stop()
+
+
+@contextmanager
+def real_backend_graph(
+    registry_root: Path, policy_version: int, rollout_stage: str, log_dir: Path,
+    leave_out: tuple[str, ...] = ("task_sequencer",),
+) -> Iterator[object]:
+    """Run the graph of `sim2real run --backend real` for a with-block; yield the runner."""
+    from sim2real_ros.graph import GraphArgs, build_graph
+    from sim2real_ros.runner import GraphRunner, RunnerConfig
+
+    graph = build_graph(GraphArgs(backend="real", rollout_stage=rollout_stage,
+                                  policy_version=str(policy_version)))
+    graph = graph.without([n for n in leave_out if n in graph.names()])
+    missing = graph.missing()
+    if missing:
+        raise CellError(f"the real-backend graph lacks nodes not installed yet: {missing}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = open(log_dir / "graph.log", "a")  # noqa: SIM115 - closed below
+    runner = GraphRunner(graph, out=out, log_dir=log_dir, config=RunnerConfig(
+        grace_s=5.0, extra_env={REGISTRY_ENV: str(registry_root)}))
+    runner.start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+        out.close()
+
+
+def check_graph(runner: object) -> None:
+    """Raise CellError when a graph node died for good (restartable ones are restarted)."""
+    failed = runner.poll()  # type: ignore[attr-defined]
+    if failed is not None:
+        raise CellError(f"graph node {failed} died; see its log in "
+                        f"{runner.log_dir}")  # type: ignore[attr-defined]

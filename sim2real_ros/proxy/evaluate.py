@@ -1,0 +1,283 @@
+"""Evaluate a policy on the same seeded targets in the simulator (in process) and on the proxy
+(through the ROS graph, real backend), scored by proxy.scoring.
+
+On the proxy the driver is one more node of the graph: it publishes `task/target`
+(geometry_msgs/PointStamped, base frame) one episode at a time and listens to what any cell
+tool can listen to: `joint_states`, the arm command `forward_position_controller/commands`,
+`safety_filter/events` and `safety_filter/status`. It never talks to the proxy arm itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim2real_ros.policy.task import TaskConfig
+from sim2real_ros.proxy.scoring import EpisodeResult, EpisodeScorer
+from sim2real_ros.robot.model import ArmModel
+
+TARGET_TOPIC = "task/target"
+JOINT_STATES = "/joint_states"
+ARM_COMMAND = "/forward_position_controller/commands"
+SAFETY_EVENTS = "safety_filter/events"
+SAFETY_STATUS = "safety_filter/status"
+POLICY_COMMAND = "policy/joint_command"
+BASE_FRAME = "base_link"
+DIAGNOSTICS = "/diagnostics"
+DRIVER_STATUS_PREFIX = "proxy_arm"  # a real cell's driver reports its own name here
+
+
+@dataclass
+class GraphCounters:
+    """What the safety filter did during an evaluation."""
+
+    interventions: int = 0  # safety_filter/events messages
+    fallbacks: int = 0  # status changes to a source other than the policy
+    event_kinds: dict[str, int] = field(default_factory=dict)
+    sources_seen: list[str] = field(default_factory=list)
+    policy_commands: int = 0
+    arm_commands: int = 0
+    hardware_id: str = ""  # the arm driver's hardware_id on /diagnostics (the unit's serial)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return asdict(self)
+
+
+def evaluate_in_sim(
+    policy: Any, targets: np.ndarray, spec: Any, seed: int,
+    progress: Callable[[int, EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Run the policy on the targets in the simulator (the sim room's SimCore), chained.
+
+    Same protocol as on the proxy: control at the task's rate, score from the simulated
+    measurement (what joint_states would carry), the next episode starts where this one ended.
+    """
+    from sim2real_ros.policy.runner import PolicyRunner
+    from sim2real_ros.sim.core import SimCore
+
+    runner = PolicyRunner(policy)
+    task = runner.task
+    core = SimCore(spec=spec, seed=seed)
+    try:
+        obs = core.reset(seed=seed, q0=np.array(task.home_rad))
+        scorer = EpisodeScorer(runner.arm, task)
+        results: list[EpisodeResult] = []
+        t = 0.0
+        for k, target in enumerate(targets):
+            scorer.start(k, t, target)
+            while not scorer.timed_out(t):
+                if getattr(obs, "valid", True):
+                    step = runner.step(obs.q, obs.qd, target,
+                                       obs.wrench if task.include_wrench else None)
+                    core.command("position", step.joint_target_rad)
+                    scorer.add_command(step.joint_target_rad)
+                obs = core.advance(task.dt_s)
+                t += task.dt_s
+                if getattr(obs, "valid", True) and scorer.add_state(t, obs.q, obs.qd):
+                    break
+            results.append(scorer.finish())
+            if progress is not None:
+                progress(k, results[-1])
+        return results
+    finally:
+        core.close()
+
+
+def _make_driver_class() -> type:
+    """Build the driver node class (rclpy imported only when the proxy evaluation runs)."""
+    from diagnostic_msgs.msg import DiagnosticArray
+    from geometry_msgs.msg import PointStamped
+    from rclpy.node import Node
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, String
+
+    from sim2real_ros.ros.convert import MessageError, joint_state_to_arrays, stamp_to_s
+    from sim2real_ros.ros.qos import COMMAND_QOS, EVENT_QOS, LATCHED_QOS, STATE_QOS
+
+    class EvaluationDriver(Node):
+        """Publish targets, collect joint states, arm commands and safety events."""
+
+        def __init__(self, arm: ArmModel, context: Any = None) -> None:
+            super().__init__("transfer_evaluator", context=context)
+            self.arm = arm
+            self.states: list[tuple[float, np.ndarray, np.ndarray]] = []
+            self.commands: list[np.ndarray] = []
+            self.counters = GraphCounters()
+            self._source: str | None = None
+            # Transient local: a late-joining policy node still gets the current target.
+            self._target_pub = self.create_publisher(PointStamped, TARGET_TOPIC, LATCHED_QOS)
+            self.create_subscription(JointState, JOINT_STATES, self._on_state, STATE_QOS)
+            self.create_subscription(Float64MultiArray, ARM_COMMAND, self._on_command,
+                                     COMMAND_QOS)
+            self.create_subscription(JointState, POLICY_COMMAND, self._on_policy, STATE_QOS)
+            self.create_subscription(String, SAFETY_EVENTS, self._on_event, EVENT_QOS)
+            self.create_subscription(String, SAFETY_STATUS, self._on_status, LATCHED_QOS)
+            self.create_subscription(DiagnosticArray, DIAGNOSTICS, self._on_diagnostics,
+                                     STATE_QOS)
+            self._convert = (joint_state_to_arrays, stamp_to_s, MessageError)
+
+        def publish_target(self, target_m: np.ndarray) -> None:
+            msg = PointStamped()
+            msg.header.stamp = self.get_clock().now().to_msg()
+            msg.header.frame_id = BASE_FRAME
+            msg.point.x, msg.point.y, msg.point.z = (float(v) for v in target_m)
+            self._target_pub.publish(msg)
+
+        def _on_state(self, msg: Any) -> None:
+            to_arrays, _, error = self._convert
+            try:
+                js = to_arrays(msg, self.arm.joint_names)
+            except error:
+                return
+            qd = js.velocity if js.velocity is not None else np.zeros(self.arm.n_joints)
+            self.states.append((time.monotonic(), js.position, qd))
+
+        def _on_command(self, msg: Any) -> None:
+            self.counters.arm_commands += 1
+            if len(msg.data) == self.arm.n_joints:
+                self.commands.append(np.asarray(msg.data, dtype=float))
+
+        def _on_policy(self, msg: Any) -> None:
+            self.counters.policy_commands += 1
+
+        def _on_event(self, msg: Any) -> None:
+            self.counters.interventions += 1
+            try:
+                kind = str(json.loads(msg.data).get("kind", "unknown"))
+            except (ValueError, AttributeError):
+                kind = "unparsable"
+            self.counters.event_kinds[kind] = self.counters.event_kinds.get(kind, 0) + 1
+
+        def _on_diagnostics(self, msg: Any) -> None:
+            for st in msg.status:
+                if st.name.startswith(DRIVER_STATUS_PREFIX) and st.hardware_id:
+                    self.counters.hardware_id = st.hardware_id
+
+        def _on_status(self, msg: Any) -> None:
+            try:
+                source = str(json.loads(msg.data).get("source", ""))
+            except (ValueError, AttributeError):
+                return
+            if source and source != self._source:
+                self.counters.sources_seen.append(source)
+                if self._source is not None and source != "policy":
+                    self.counters.fallbacks += 1
+                self._source = source
+
+    return EvaluationDriver
+
+
+@dataclass
+class ProxyEvaluation:
+    """What one evaluation on the proxy produced."""
+
+    results: list[EpisodeResult]
+    counters: GraphCounters
+    wall_s: float
+    warmup_s: float
+
+
+def evaluate_on_graph(
+    arm: ArmModel, task: TaskConfig, targets: np.ndarray, alive: Callable[[], None],
+    warmup_timeout_s: float = 90.0,
+    progress: Callable[[int, EpisodeResult], None] | None = None,
+) -> ProxyEvaluation:
+    """Drive the running graph through the targets and score each episode.
+
+    `alive()` is called every spin and must raise when a process of the cell died. The first
+    target is held until the policy's commands reach the arm (node start-up), then the arm is
+    given one episode to settle there before the scored episodes begin.
+    """
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+
+    ctx = Context()
+    rclpy.init(context=ctx)
+    driver_cls = _make_driver_class()
+    driver = driver_cls(arm, context=ctx)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(driver)
+    t_start = time.monotonic()
+
+    def spin_for(seconds: float, stop: Callable[[], bool] | None = None) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.005)
+            alive()
+            if stop is not None and stop():
+                return
+
+    try:
+        # Warm-up: the arm goes to the tool position of the home pose under the policy.
+        home_tool = arm.tool_position(np.array(task.home_rad))
+        driver.publish_target(home_tool)
+        deadline = time.monotonic() + warmup_timeout_s
+        while driver.counters.arm_commands < 10 or driver.counters.policy_commands < 10:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no policy commands reached the arm within {warmup_timeout_s:.0f} s "
+                    f"(policy/joint_command: {driver.counters.policy_commands}, arm commands: "
+                    f"{driver.counters.arm_commands}, joint_states: {len(driver.states)})")
+            driver.publish_target(home_tool)
+            spin_for(0.1)
+        spin_for(task.episode_s)
+        warmup_s = time.monotonic() - t_start
+        driver.counters = GraphCounters(sources_seen=list(driver.counters.sources_seen),
+                                        hardware_id=driver.counters.hardware_id)
+        scorer = EpisodeScorer(arm, task)
+        results: list[EpisodeResult] = []
+        for k, target in enumerate(targets):
+            driver.states.clear()
+            driver.commands.clear()
+            driver.publish_target(target)
+            t0 = time.monotonic()
+            scorer.start(k, t0, target)
+            seen = 0
+            last_pub = t0
+
+            def episode_over() -> bool:
+                nonlocal seen, last_pub
+                now = time.monotonic()
+                if now - last_pub > 0.2:  # re-publish: a restarted policy node needs it too
+                    driver.publish_target(target)
+                    last_pub = now
+                while seen < len(driver.states):
+                    t_s, q, qd = driver.states[seen]
+                    seen += 1
+                    if driver.commands:
+                        scorer.add_command(driver.commands[-1])
+                    if scorer.add_state(t_s, q, qd):
+                        return True
+                return scorer.timed_out(now)
+
+            spin_for(task.episode_s + 0.5, episode_over)
+            results.append(scorer.finish())
+            if progress is not None:
+                progress(k, results[-1])
+        return ProxyEvaluation(results, driver.counters, time.monotonic() - t_start, warmup_s)
+    finally:
+        ex.remove_node(driver)
+        driver.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
+def event_kinds_total(evals: list[GraphCounters]) -> dict[str, int]:
+    """Sum event kinds over several evaluations."""
+    total: Counter[str] = Counter()
+    for c in evals:
+        total.update(c.event_kinds)
+    return dict(total)
+
+
+def nan_to_none(x: float) -> float | None:
+    """JSON has no NaN: write None instead."""
+    return None if isinstance(x, float) and math.isnan(x) else x

@@ -1,0 +1,630 @@
+"""`sim2real experiment transfer`: the sim-to-real playbook end to end, on the proxy arm.
+
+Steps (issue 9), each split into resumable stages that seal their artifacts with a manifest:
+
+1. train a policy in the nominal simulator and one with the default randomization; measure
+   their success in simulation                                           -> s1_train
+2. evaluate both on the proxy through the ROS graph (real backend)       -> s2_proxy_gap
+3. excite and record >= 3 runs on the proxy with the sysid recorder      -> s3a_sysid_record
+   fit, calibrate the randomization from the fit and its spread          -> s3b_sysid_fit
+   retrain in the calibrated simulator                                   -> s3c_train_calibrated
+   evaluate on the proxy                                                 -> s3d_proxy_calibrated
+4. collect N proxy trajectories (limited stage), fine-tune the last layer-> s4a_collect
+                                                                          -> s4b_finetune
+   evaluate on the proxy                                                 -> s4c_proxy_finetuned
+5. the reality-gap audit at each step                                    -> s5_audit
+and the table, plots and parameter recovery, rewritten from whatever is sealed -> report/
+
+The proxy's unit file is handed to the proxy_arm process and read by this module only in the
+report stage, after every fit, to compare the recovered parameters with the hidden truth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim2real_ros.config import ConfigError, file_sha256
+from sim2real_ros.paths import default_urdf, share_path
+from sim2real_ros.proxy.runfolder import ArtifactError, RunFolder, read_json, write_json
+from sim2real_ros.robot.model import load_arm
+
+RUN_FORMAT = "sim2real_transfer_run/1"
+DEFAULT_UNIT = "config/proxy/unit_proxy-SN0001.yaml"
+
+
+class StageBlocked(RuntimeError):
+    """A stage needs a piece of another room that is not installed yet; names it."""
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything that determines a transfer run (recorded in run.json; --set changes it)."""
+
+    seed: int = 0
+    unit_file: str = DEFAULT_UNIT
+    # evaluation
+    sim_episodes: int = 60
+    proxy_episodes: int = 30
+    eval_rollout_stage: str = "full"
+    # training (policy.train.TrainConfig fields applied to all three trainings)
+    train_algo: str = "dagger"
+    train_n_envs: int = 16
+    train_iterations: int = 12
+    train_steps_per_iteration: int = 150
+    train_grad_steps: int = 400
+    train_members: int = 5
+    train_eval_episodes: int = 100
+    # system identification
+    sysid_runs: int = 3
+    excitation_s: float = 20.0
+    # step 4
+    finetune_trajectories: int = 100
+    collect_rollout_stage: str = "limited"
+    # budget shown in the progress display (s); informational
+    budget_s: float = 45 * 60.0
+
+    @classmethod
+    def quick(cls) -> ExperimentConfig:
+        """The --quick variant: the whole pipeline with small sizes (checks it, not numbers)."""
+        return cls(sim_episodes=12, proxy_episodes=6, train_n_envs=4, train_iterations=3,
+                   train_steps_per_iteration=60, train_grad_steps=120, train_members=3,
+                   train_eval_episodes=12, sysid_runs=3, excitation_s=8.0,
+                   finetune_trajectories=6, budget_s=10 * 60.0)
+
+    def with_overrides(self, pairs: list[str], source: str = "--set") -> ExperimentConfig:
+        """Apply `key=value` overrides, typed like the field; ConfigError names a bad one."""
+        kinds = {f.name: f.type for f in fields(self)}
+        changes: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            if not sep or key not in kinds:
+                raise ConfigError(source, key or pair, raw, f"key=value with key one of "
+                                  f"{sorted(kinds)}")
+            current = getattr(self, key)
+            try:
+                value: Any = type(current)(raw)
+            except ValueError as exc:
+                raise ConfigError(source, key, raw, f"a {type(current).__name__}") from exc
+            changes[key] = value
+        cfg = replace(self, **changes)
+        cfg.validate(source)
+        return cfg
+
+    def validate(self, source: str = "<experiment config>") -> None:
+        """Raise ConfigError for a value outside its range."""
+        minimum = {"sim_episodes": 1, "proxy_episodes": 1, "train_n_envs": 1,
+                   "train_iterations": 1, "train_steps_per_iteration": 1, "train_members": 1,
+                   "train_eval_episodes": 1, "sysid_runs": 3, "finetune_trajectories": 1,
+                   "train_grad_steps": 1}
+        for key, low in minimum.items():
+            if getattr(self, key) < low:
+                why = " (the playbook asks for at least three runs)" if key == "sysid_runs" else ""
+                raise ConfigError(source, key, getattr(self, key), f"an integer >= {low}{why}")
+        if not 1.0 <= self.excitation_s <= 600.0:
+            raise ConfigError(source, "excitation_s", self.excitation_s, "a number in [1, 600] s")
+        stages = ("shadow", "advisory", "limited", "full")
+        for key in ("eval_rollout_stage", "collect_rollout_stage"):
+            if getattr(self, key) not in stages:
+                raise ConfigError(source, key, getattr(self, key), f"one of {list(stages)}")
+        if self.eval_rollout_stage not in ("limited", "full"):
+            raise ConfigError(source, "eval_rollout_stage", self.eval_rollout_stage,
+                              "'limited' or 'full' (a stage where the policy drives the arm)")
+
+    def unit_path(self) -> Path:
+        """Resolve the unit file (absolute, or relative to the package share directory)."""
+        p = Path(self.unit_file).expanduser()
+        if not p.is_absolute():
+            p = share_path(*p.parts) if not p.exists() else p.resolve()
+        if not p.is_file():
+            raise ConfigError("<experiment config>", "unit_file", self.unit_file,
+                              "an existing proxy unit file (config/proxy/unit_*.yaml)")
+        return p
+
+
+def versions() -> dict[str, str]:
+    """Versions of everything that shapes the numbers."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("numpy", "scipy", "torch", "mujoco", "pybullet", "rosbags", "sim2real_ros"):
+        try:
+            m = __import__(mod)
+            out[mod] = str(getattr(m, "__version__", "unknown"))
+        except ImportError:
+            out[mod] = "not installed"
+    try:
+        out["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=10, check=False).stdout.strip() or "unknown"
+    except OSError:
+        out["git_commit"] = "unknown"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress display
+
+
+class Progress:
+    """One line per stage event, with elapsed time against the budget; tqdm bars inside."""
+
+    def __init__(self, total_stages: int, budget_s: float, stream: Any = None) -> None:
+        self.total = total_stages
+        self.budget_s = budget_s
+        self.t0 = time.monotonic()
+        self.stream = stream if stream is not None else sys.stdout
+        self.index = 0
+
+    def elapsed(self) -> str:
+        s = time.monotonic() - self.t0
+        return f"{int(s // 60):02d}:{int(s % 60):02d}/{int(self.budget_s // 60):02d}:00"
+
+    def stage(self, name: str, title: str, state: str) -> None:
+        self.index += 1 if state in ("run", "skip") else 0
+        mark = {"run": ">>", "skip": "ok", "done": "==", "blocked": "!!"}.get(state, "..")
+        print(f"[{self.elapsed()}] {mark} stage {self.index}/{self.total} {name}: {title}"
+              f"{' (sealed, verified, reused)' if state == 'skip' else ''}",
+              file=self.stream, flush=True)
+
+    def say(self, text: str) -> None:
+        print(f"[{self.elapsed()}]    {text}", file=self.stream, flush=True)
+
+    def bar(self, total: int, desc: str) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=f"    {desc}", unit="ep", dynamic_ncols=True,
+                    leave=False, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Context handed to stages
+
+
+@dataclass
+class Context:
+    """What a stage may use: the run folder, the config, the display."""
+
+    run: RunFolder
+    cfg: ExperimentConfig
+    progress: Progress
+    quick: bool
+    registry_root: Path = field(init=False)
+    proxy: Any = None  # the running ProxyArmProcess while a stage has the arm powered
+
+    def __post_init__(self) -> None:
+        self.registry_root = self.run.root / "registry"
+
+    @property
+    def arm(self) -> Any:
+        return load_arm(default_urdf())
+
+    def targets(self, purpose: str) -> np.ndarray:
+        """Seeded evaluation targets; the same list for every policy and plant."""
+        from sim2real_ros.policy.task import TaskConfig
+        from sim2real_ros.proxy.scoring import episode_targets
+
+        count = self.cfg.sim_episodes if purpose == "sim" else self.cfg.proxy_episodes
+        return episode_targets(self.cfg.seed + 7919, count, TaskConfig(), self.arm)
+
+
+# Policies of the run: which stage made them and under which name the registry gets them.
+POLICY_SOURCES = (
+    ("nominal", "s1_train", "nominal/policy.pt"),
+    ("randomized", "s1_train", "randomized/policy.pt"),
+    ("calibrated", "s3c_train_calibrated", "calibrated/policy.pt"),
+    ("finetuned", "s4b_finetune", "finetuned/policy.pt"),
+)
+
+
+def registry_version(ctx: Context, name: str) -> int:
+    """Rebuild the run's registry from the sealed policy files; return `name`'s version.
+
+    The registry is a cache, never an artifact: it is rebuilt from verified files, so its
+    version numbers are the same on every resume (1 nominal, 2 randomized, ...).
+    """
+    from sim2real_ros.policy.registry import PolicyRegistry
+
+    if ctx.registry_root.exists():
+        shutil.rmtree(ctx.registry_root)
+    reg = PolicyRegistry(ctx.registry_root, init_from_default=False)
+    version = None
+    parent = None
+    for pname, stage, rel in POLICY_SOURCES:
+        if not ctx.run.is_sealed(stage):
+            break
+        path = ctx.run.artifact(stage, rel)
+        rec = reg.add_file(path, {"transfer_experiment": pname}, parent=parent)
+        parent = rec.version
+        if pname == name:
+            version = rec.version
+            reg.promote(rec.version, reason=f"transfer experiment evaluates {pname}")
+            break
+    if version is None:
+        raise ConfigError(ctx.registry_root, "policy", name,
+                          f"a policy of a sealed stage ({[p[0] for p in POLICY_SOURCES]})")
+    return version
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One resumable stage."""
+
+    name: str
+    step: int
+    title: str
+    upstream: tuple[str, ...]
+    run: Callable[[Context, Path], dict[str, Any]]
+
+
+def _train_cfg(ctx: Context, randomization: str, seed_offset: int) -> Any:
+    from sim2real_ros.policy.train import TrainConfig
+
+    c = ctx.cfg
+    return TrainConfig(
+        algo=c.train_algo, seed=c.seed + seed_offset, n_envs=c.train_n_envs,
+        randomization=randomization, members=c.train_members,
+        dagger_iterations=c.train_iterations, steps_per_iteration=c.train_steps_per_iteration,
+        grad_steps_per_iteration=c.train_grad_steps, eval_episodes=c.train_eval_episodes,
+    )
+
+
+def _sim_eval(ctx: Context, policy: Any, spec: Any, out: Path, label: str) -> dict[str, Any]:
+    from sim2real_ros.proxy.evaluate import evaluate_in_sim
+    from sim2real_ros.proxy.scoring import summarize
+
+    targets = ctx.targets("sim")
+    bar = ctx.progress.bar(len(targets), f"sim eval {label}")
+    results = evaluate_in_sim(policy, targets, spec, seed=ctx.cfg.seed + 31,
+                              progress=lambda k, r: bar.update(1))
+    bar.close()
+    summary = summarize(results)
+    write_json(out, {"label": label, "summary": summary.to_dict(),
+                     "episodes": [r.to_dict() for r in results]})
+    ctx.progress.say(f"sim success {label}: {summary.success_rate:.2f} "
+                     f"({summary.n_episodes} episodes)")
+    return summary.to_dict()
+
+
+def stage_train(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 1: nominal and randomized policies, and their success in their own simulator."""
+    from sim2real_ros.policy.env import load_spec
+    from sim2real_ros.policy.train import train, write_run
+
+    meta: dict[str, Any] = {}
+    for k, (label, randomization) in enumerate((("nominal", "none"),
+                                                ("randomized", "default"))):
+        ctx.progress.say(f"training {label} policy (randomization: {randomization})")
+        cfg = _train_cfg(ctx, randomization, seed_offset=k)
+        result = train(cfg, progress=True, log=None)
+        write_run(result, out / label)
+        spec = load_spec(randomization)
+        meta[label] = {
+            "trainer_sim_success": result.sim_success, "train_wall_s": result.wall_s,
+            "randomization": randomization, "spec_sha256": result.spec_sha256,
+            "sim_eval": _sim_eval(ctx, result.policy, spec, out / f"sim_eval_{label}.json",
+                                  label),
+        }
+    write_json(out / "summary.json", meta)
+    return meta
+
+
+def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path) -> dict[str, Any]:
+    """Evaluate registry policy `label` on the running proxy through the real-backend graph."""
+    from sim2real_ros.audit.evidence import HilRecord, write_hil_record
+    from sim2real_ros.policy.task import TaskConfig
+    from sim2real_ros.proxy.cell import check_graph, real_backend_graph
+    from sim2real_ros.proxy.evaluate import evaluate_on_graph
+    from sim2real_ros.proxy.scoring import summarize
+
+    version = registry_version(ctx, label)
+    targets = ctx.targets("proxy")
+    ctx.progress.say(f"proxy eval {label}: registry version {version}, "
+                     f"{len(targets)} episodes, rollout stage {ctx.cfg.eval_rollout_stage}")
+    with real_backend_graph(ctx.registry_root, version, ctx.cfg.eval_rollout_stage,
+                            stage_dir / f"logs_{label}") as runner:
+        bar = ctx.progress.bar(len(targets), f"proxy eval {label}")
+        ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
+                               alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                               progress=lambda k, r: bar.update(1))
+        bar.close()
+    summary = summarize(ev.results)
+    unit_id = ev.counters.hardware_id or "unknown"
+    record = HilRecord(
+        backend="proxy", unit_id=unit_id,
+        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        success_rate=summary.success_rate, n_episodes=summary.n_episodes,
+        tracking_error_rad=0.0 if math.isnan(summary.tracking_rms_rad)
+        else summary.tracking_rms_rad,
+        passed=summary.success_rate >= 0.9,
+    )
+    write_hil_record(out.with_name(f"hil_record_{label}.json"), record)
+    data = {"label": label, "registry_version": version, "summary": summary.to_dict(),
+            "counters": ev.counters.to_dict(), "wall_s": ev.wall_s, "warmup_s": ev.warmup_s,
+            "episodes": [r.to_dict() for r in ev.results]}
+    write_json(out, data)
+    ctx.progress.say(f"proxy success {label}: {summary.success_rate:.2f}, interventions "
+                     f"{ev.counters.interventions}, fallbacks {ev.counters.fallbacks}")
+    return {"summary": summary.to_dict(), "counters": ev.counters.to_dict()}
+
+
+def _with_proxy(ctx: Context, out: Path, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Power the proxy arm up for a stage (at the task's home pose) and run `body`."""
+    from sim2real_ros.policy.task import TaskConfig
+    from sim2real_ros.proxy.cell import ensure_dds_env, proxy_arm
+
+    ensure_dds_env()
+    with proxy_arm(ctx.cfg.unit_path(), out / "proxy_arm.log",
+                   np.array(TaskConfig().home_rad)) as arm:
+        ctx.proxy = arm
+        try:
+            return body()
+        finally:
+            ctx.proxy = None
+
+
+def stage_proxy_gap(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 2: both step-1 policies on the proxy, through the real-backend graph."""
+    def body() -> dict[str, Any]:
+        return {label: _proxy_eval(ctx, out / f"proxy_eval_{label}.json", label, out)
+                for label in ("nominal", "randomized")}
+
+    return _with_proxy(ctx, out, body)
+
+
+def _require(module: str, what: str) -> Any:
+    """Import another room's module; StageBlocked names it when it has not landed."""
+    import importlib
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(module) is None:
+            raise StageBlocked(f"{what} needs {module}, which is not installed yet")
+    except ModuleNotFoundError as exc:
+        raise StageBlocked(f"{what} needs {module}, which is not installed yet") from exc
+    return importlib.import_module(module)
+
+
+def _sim2real(args: list[str], log: Path, what: str) -> None:
+    """Run a `sim2real ...` command of another room as a user would; StageBlocked on failure."""
+    from sim2real_ros.ros.env import child_env
+
+    cmd = [sys.executable, "-m", "sim2real_ros.cli", *args]
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(),
+                            check=False).returncode
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise StageBlocked(f"{what}: `sim2real {' '.join(args[:2])}` exited {rc}; "
+                           f"see {log}:\n{tail}")
+
+
+def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 3a: >= 3 excitation runs on the proxy, recorded by the sysid recorder."""
+    _require("sim2real_ros.sysid.node", "recording excitation runs (sysid_recorder)")
+    _require("sim2real_ros.sysid.cli", "recording excitation runs (sim2real sysid excite)")
+
+    def body() -> dict[str, Any]:
+        bags = []
+        for k in range(ctx.cfg.sysid_runs):
+            bag = out / "bags" / f"run_{k + 1}"
+            ctx.progress.say(f"excitation run {k + 1}/{ctx.cfg.sysid_runs} -> {bag}")
+            _sim2real(["sysid", "excite", "--backend", "real", "--duration",
+                       str(ctx.cfg.excitation_s), "--seed", str(ctx.cfg.seed + k),
+                       "--out", str(bag)], out / "sysid_excite.log", "step 3 excitation")
+            bags.append(str(bag.relative_to(out)))
+        return {"bags": bags}
+
+    return _with_proxy(ctx, out, body)
+
+
+def stage_sysid_fit(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 3b: fit the proxy from its bags; calibrated randomization from fit and spread."""
+    _require("sim2real_ros.sysid.cli", "fitting the proxy (sim2real sysid fit)")
+    bags = sorted(str(p) for p in (ctx.run.stage_dir("s3a_sysid_record") / "bags").iterdir())
+    calibration = out / "calibration.yaml"
+    _sim2real(["sysid", "fit", *bags, "-o", str(calibration)], out / "sysid_fit.log",
+              "step 3 fit")
+    return {"calibration": calibration.name}
+
+
+def stage_train_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 3c: retrain in the simulator calibrated on the proxy."""
+    from sim2real_ros.policy.env import load_spec
+    from sim2real_ros.policy.train import train, write_run
+
+    calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
+    ctx.progress.say(f"training calibrated policy (randomization: {calibration})")
+    cfg = _train_cfg(ctx, str(calibration), seed_offset=2)
+    result = train(cfg, progress=True, log=None)
+    write_run(result, out / "calibrated")
+    meta = {"trainer_sim_success": result.sim_success, "train_wall_s": result.wall_s,
+            "randomization": str(calibration), "spec_sha256": result.spec_sha256,
+            "sim_eval": _sim_eval(ctx, result.policy, load_spec(str(calibration)),
+                                  out / "sim_eval_calibrated.json", "calibrated")}
+    write_json(out / "summary.json", meta)
+    return meta
+
+
+def stage_proxy_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 3d: the calibrated policy on the proxy."""
+    return _with_proxy(ctx, out, lambda: {
+        "calibrated": _proxy_eval(ctx, out / "proxy_eval_calibrated.json", "calibrated", out)})
+
+
+def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 4a: record N proxy trajectories with the calibrated policy in the limited stage."""
+    _require("sim2real_ros.sysid.cli", "recording proxy trajectories (sim2real sysid record)")
+    raise StageBlocked("step 4 collection: the live-graph recording interface of the sysid "
+                       "recorder is not settled yet")
+
+
+def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 4b: last-layer fine-tune on the proxy trajectories (sim2real policy finetune)."""
+    _require("sim2real_ros.policy.cli", "the last-layer fine-tune (sim2real policy finetune)")
+    raise StageBlocked("step 4 fine-tune: `sim2real policy finetune` has not landed")
+
+
+def stage_proxy_finetuned(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 4c: the fine-tuned policy on the proxy."""
+    return _with_proxy(ctx, out, lambda: {
+        "finetuned": _proxy_eval(ctx, out / "proxy_eval_finetuned.json", "finetuned", out)})
+
+
+def stage_audit(ctx: Context, out: Path) -> dict[str, Any]:
+    """Step 5: the reality-gap audit with the evidence each step had."""
+    _require("sim2real_ros.audit.cli", "the reality-gap audit (sim2real audit)")
+    raise StageBlocked("step 5 audit: `sim2real audit` has not landed")
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("s1_train", 1, "train nominal and randomized policies; sim success", (), stage_train),
+    Stage("s2_proxy_gap", 2, "both policies on the proxy (real backend): the reality gap",
+          ("s1_train",), stage_proxy_gap),
+    Stage("s3a_sysid_record", 3, "excite and record the proxy (sysid recorder)", (),
+          stage_sysid_record),
+    Stage("s3b_sysid_fit", 3, "fit the proxy; calibrate the randomization",
+          ("s3a_sysid_record",), stage_sysid_fit),
+    Stage("s3c_train_calibrated", 3, "retrain in the calibrated simulator; sim success",
+          ("s3b_sysid_fit",), stage_train_calibrated),
+    Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy",
+          ("s1_train", "s3c_train_calibrated"), stage_proxy_calibrated),
+    Stage("s4a_collect", 4, "collect proxy trajectories (limited stage)",
+          ("s1_train", "s3c_train_calibrated"), stage_collect),
+    Stage("s4b_finetune", 4, "fine-tune the last layer on them", ("s4a_collect",),
+          stage_finetune),
+    Stage("s4c_proxy_finetuned", 4, "fine-tuned policy on the proxy",
+          ("s1_train", "s3c_train_calibrated", "s4b_finetune"), stage_proxy_finetuned),
+    Stage("s5_audit", 5, "reality-gap audit at each step",
+          ("s2_proxy_gap", "s3b_sysid_fit", "s3d_proxy_calibrated", "s4c_proxy_finetuned"),
+          stage_audit),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline
+
+
+def run_info(cfg: ExperimentConfig, quick: bool) -> dict[str, Any]:
+    """What run.json records: format, config, seeds, versions, the unit file's identity."""
+    unit = cfg.unit_path()
+    return {
+        "format": RUN_FORMAT,
+        "command": "sim2real experiment transfer" + (" --quick" if quick else ""),
+        "quick": quick,
+        "config": asdict(cfg),
+        "unit_file": str(unit),
+        # The hash pins which unit was used without this process reading its values.
+        "unit_file_sha256": file_sha256(unit),
+        "versions": versions(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "stages": [s.name for s in STAGES],
+    }
+
+
+def check_resume(run: RunFolder, cfg: ExperimentConfig, quick: bool) -> None:
+    """Refuse to resume a run with a different configuration or unit file."""
+    info = run.load_run()
+    if info.get("format") != RUN_FORMAT:
+        raise ConfigError(run.run_file, "format", info.get("format"), RUN_FORMAT)
+    recorded = info.get("config", {})
+    now = asdict(cfg)
+    for key in now:
+        if recorded.get(key) != now[key]:
+            raise ConfigError(run.run_file, f"config.{key}", recorded.get(key),
+                              f"{now[key]!r} as this invocation asks (resume with the options "
+                              "the run was started with)")
+    if info.get("quick") != quick:
+        raise ConfigError(run.run_file, "quick", info.get("quick"),
+                          f"{quick} (resume with the same --quick flag)")
+    if info.get("unit_file_sha256") != file_sha256(cfg.unit_path()):
+        raise ConfigError(run.run_file, "unit_file_sha256", info.get("unit_file_sha256"),
+                          f"the hash of {cfg.unit_path()} (the unit file changed)")
+
+
+def run_pipeline(
+    run_dir: Path, cfg: ExperimentConfig, quick: bool, resume: bool,
+    only: tuple[str, ...] | None = None, stream: Any = None,
+) -> int:
+    """Run (or resume) the experiment; return 0 when every stage is sealed, 3 when blocked."""
+    import torch
+
+    # Batch-1 inference on a small MLP: extra intra-op threads only fight the ROS processes
+    # for the cores (an ensemble forward pass was 8x slower with the default pool here).
+    torch.set_num_threads(1)
+    run = RunFolder(run_dir)
+    if resume:
+        check_resume(run, cfg, quick)
+    else:
+        run.create(run_info(cfg, quick))
+    stages = [s for s in STAGES if only is None or s.name in only]
+    progress = Progress(len(stages), cfg.budget_s, stream)
+    ctx = Context(run, cfg, progress, quick)
+    # Verify every sealed stage before doing anything: a corrupted artifact stops the run here.
+    for s in STAGES:
+        if run.is_sealed(s.name):
+            run.verify(s.name)
+    blocked: list[tuple[str, str]] = []
+    for s in stages:
+        if run.is_sealed(s.name):
+            progress.stage(s.name, s.title, "skip")
+            continue
+        missing = [u for u in s.upstream if not run.is_sealed(u)]
+        if missing:
+            blocked.append((s.name, f"waits for {missing}"))
+            progress.stage(s.name, s.title, "blocked")
+            progress.say(f"blocked: waits for {missing}")
+            continue
+        progress.stage(s.name, s.title, "run")
+        out = run.begin(s.name)
+        t0 = time.monotonic()
+        try:
+            meta = s.run(ctx, out)
+        except StageBlocked as exc:
+            blocked.append((s.name, str(exc)))
+            progress.say(f"blocked: {exc}")
+            continue
+        meta = {**(meta or {}), "wall_s": time.monotonic() - t0}
+        run.seal(s.name, list(s.upstream), meta)
+        progress.stage(s.name, f"sealed in {meta['wall_s']:.0f} s", "done")
+    status = {"finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "sealed": [s.name for s in STAGES if run.is_sealed(s.name)],
+              "blocked": dict(blocked)}
+    write_json(run.root / "status.json", status)
+    # The report is a view of whatever is sealed, rewritten on every invocation.
+    from sim2real_ros.proxy.report import write_report
+
+    report = write_report(run, cfg, run.root / "report")
+    progress.say(f"report: {run.root / 'report' / 'results.md'} ({', '.join(report['plots'])})")
+    if blocked:
+        progress.say(f"{len(blocked)} stage(s) not done; fix what they name and rerun with "
+                     f"--resume --run-dir {run.root}")
+        for name, why in blocked:
+            progress.say(f"  {name}: {why.splitlines()[0]}")
+        return 3
+    progress.say(f"all stages sealed; results in {run.root / 'report'}")
+    return 0
+
+
+def default_run_dir() -> Path:
+    """runs/transfer-<UTC timestamp> under the current directory."""
+    return Path("runs") / time.strftime("transfer-%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+__all__ = ["ArtifactError", "ExperimentConfig", "STAGES", "StageBlocked", "default_run_dir",
+           "read_json", "run_pipeline"]

@@ -1,0 +1,219 @@
+"""The transfer table (markdown + JSON), its plots, and parameter recovery against the unit.
+
+Built from sealed stages only (each re-verified); a step whose stages are not sealed is shown
+as not run, with the reason from status.json, never filled in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim2real_ros.proxy.runfolder import RunFolder, read_json, write_json
+
+# (row label, step, policy, stage with the sim evaluation, its file, stage with the proxy eval,
+#  its file, audit step key)
+ROWS = (
+    ("1-2 nominal sim", "1-2", "nominal", "s1_train", "sim_eval_nominal.json",
+     "s2_proxy_gap", "proxy_eval_nominal.json", "step2_nominal"),
+    ("1-2 randomized sim", "1-2", "randomized", "s1_train", "sim_eval_randomized.json",
+     "s2_proxy_gap", "proxy_eval_randomized.json", "step2_randomized"),
+    ("3 calibrated (sysid)", "3", "calibrated", "s3c_train_calibrated",
+     "sim_eval_calibrated.json", "s3d_proxy_calibrated", "proxy_eval_calibrated.json",
+     "step3_calibrated"),
+    ("4 last-layer fine-tune", "4", "finetuned", "s4b_finetune", "sim_eval_finetuned.json",
+     "s4c_proxy_finetuned", "proxy_eval_finetuned.json", "step4_finetuned"),
+)
+GAP_SHORT = {"visual": "vis", "dynamics": "dyn", "sensor": "sen", "actuator": "act",
+             "latency": "lat", "safety": "saf"}
+
+
+@dataclass
+class Row:
+    """One row of the table."""
+
+    label: str
+    step: str
+    policy: str
+    sim_success: float | None
+    proxy_success: float | None
+    tracking_rms_mrad: float | None
+    final_error_mm: float | None
+    interventions: int | None
+    fallbacks: int | None
+    audit: dict[str, str] | None
+    sim_episodes: int | None
+    proxy_episodes: int | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def _load(run: RunFolder, stage: str, rel: str) -> Any | None:
+    if not run.is_sealed(stage):
+        return None
+    rec = run.verify(stage)
+    if rel not in rec.files:
+        return None
+    return read_json(run.stage_dir(stage) / rel)
+
+
+def _num(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return None if math.isnan(v) else v
+
+
+def collect_rows(run: RunFolder) -> list[Row]:
+    """Assemble the table's rows from the sealed stages."""
+    status = read_json(run.root / "status.json") if (run.root / "status.json").is_file() else {}
+    blocked = status.get("blocked", {}) if isinstance(status, dict) else {}
+    audit = _load(run, "s5_audit", "audit_rows.json") or {}
+    rows = []
+    for label, step, policy, sim_stage, sim_file, px_stage, px_file, audit_key in ROWS:
+        sim = _load(run, sim_stage, sim_file)
+        px = _load(run, px_stage, px_file)
+        notes = []
+        for what, st, have in (("sim evaluation", sim_stage, sim),
+                               ("proxy evaluation", px_stage, px)):
+            if have is None:
+                why = blocked.get(st, "").splitlines()
+                notes.append(f"{what} not run ({st}" + (f": {why[0]})" if why else ")"))
+        ps = (px or {}).get("summary", {})
+        counters = (px or {}).get("counters", {})
+        track = _num(ps.get("tracking_rms_rad"))
+        final = _num(ps.get("median_final_distance_m"))
+        colours = audit.get(audit_key) if isinstance(audit, dict) else None
+        rows.append(Row(
+            label=label, step=step, policy=policy,
+            sim_success=_num((sim or {}).get("summary", {}).get("success_rate")),
+            proxy_success=_num(ps.get("success_rate")),
+            tracking_rms_mrad=None if track is None else 1e3 * track,
+            final_error_mm=None if final is None else 1e3 * final,
+            interventions=counters.get("interventions") if px else None,
+            fallbacks=counters.get("fallbacks") if px else None,
+            audit=colours if isinstance(colours, dict) else None,
+            sim_episodes=(sim or {}).get("summary", {}).get("n_episodes"),
+            proxy_episodes=ps.get("n_episodes"),
+            note="; ".join(notes),
+        ))
+    return rows
+
+
+def _fmt(v: float | int | None, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    """Render the rows as a markdown table."""
+    head = ("| step | sim success | proxy success | proxy/sim | tracking RMS (mrad) | "
+            "final error (mm) | safety interventions | fallbacks | audit |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        ratio = (r.proxy_success / r.sim_success
+                 if r.proxy_success is not None and r.sim_success else None)
+        audit = (" ".join(f"{GAP_SHORT.get(g, g)}:{c}" for g, c in r.audit.items())
+                 if r.audit else "—")
+        lines.append(
+            f"| {r.label} | {_fmt(r.sim_success, '.0%')} (n={r.sim_episodes or '—'}) | "
+            f"{_fmt(r.proxy_success, '.0%')} (n={r.proxy_episodes or '—'}) | "
+            f"{_fmt(ratio, '.2f')} | {_fmt(r.tracking_rms_mrad, '.1f')} | "
+            f"{_fmt(r.final_error_mm, '.1f')} | {_fmt(r.interventions, 'd')} | "
+            f"{_fmt(r.fallbacks, 'd')} | {audit} |")
+    notes = [f"- {r.label}: {r.note}" for r in rows if r.note]
+    return head + "\n".join(lines) + ("\n\nNot run:\n" + "\n".join(notes) if notes else "") + "\n"
+
+
+def plot_success(rows: list[Row], path: Path) -> Path:
+    """Bar chart: sim and proxy success per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    sim = [r.sim_success if r.sim_success is not None else 0.0 for r in rows]
+    px = [r.proxy_success if r.proxy_success is not None else 0.0 for r in rows]
+    ax.bar(x - 0.2, sim, 0.4, label="sim (PyBullet)", color="tab:blue")
+    ax.bar(x + 0.2, px, 0.4, label="proxy (MuJoCo, ROS graph)", color="tab:orange")
+    for i, r in enumerate(rows):
+        if r.sim_success is None:
+            ax.text(i - 0.2, 0.02, "not run", rotation=90, ha="center", fontsize=7)
+        if r.proxy_success is None:
+            ax.text(i + 0.2, 0.02, "not run", rotation=90, ha="center", fontsize=7)
+    ax.set_xticks(x, [r.label for r in rows], fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate")
+    ax.legend(fontsize=8)
+    ax.set_title("transfer experiment: success per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_final_errors(run: RunFolder, path: Path) -> Path:
+    """Per step: distribution of the final tool error on the proxy (box plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data, labels = [], []
+    for label, _, _, _, _, px_stage, px_file, _ in ROWS:
+        px = _load(run, px_stage, px_file)
+        if px:
+            data.append([1e3 * e["final_distance_m"] for e in px["episodes"]])
+            labels.append(label)
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    if data:
+        ax.boxplot(data, tick_labels=labels)
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no proxy evaluation sealed yet", ha="center", transform=ax.transAxes)
+    ax.set_ylabel("final tool error on the proxy (mm)")
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
+    """Write results.md, results.json and the plots into `out`; return the JSON content."""
+    from sim2real_ros.proxy.recovery import parameter_recovery, recovery_markdown, plot_recovery
+
+    rows = collect_rows(run)
+    info = run.load_run()
+    recovery = parameter_recovery(run, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [plot_success(rows, out / "success.png").name,
+             plot_final_errors(run, out / "final_errors.png").name]
+    if recovery.get("parameters"):
+        plots.append(plot_recovery(recovery, out / "parameter_recovery.png").name)
+    command = info.get("command", "sim2real experiment transfer")
+    md = [
+        "# Transfer experiment results\n",
+        f"Reproduce: `{command} --run-dir <new folder>` "
+        f"(seed {cfg.seed}, unit `{Path(info.get('unit_file', '')).name}`, "
+        f"commit {info.get('versions', {}).get('git_commit', 'unknown')[:12]}).\n",
+        markdown_table(rows),
+        "\n## Parameter recovery (fit vs the proxy's hidden unit file)\n",
+        recovery_markdown(recovery),
+        "\nPlots: " + ", ".join(plots) + "\n",
+    ]
+    (out / "results.md").write_text("\n".join(md))
+    data = {"rows": [r.to_dict() for r in rows], "parameter_recovery": recovery,
+            "config": info.get("config"), "versions": info.get("versions"),
+            "command": command, "plots": plots}
+    write_json(out / "results.json", data)
+    return {"rows": len(rows), "plots": plots}
