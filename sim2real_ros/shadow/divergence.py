@@ -424,8 +424,8 @@ class ShadowAccumulator:
             for iv in found:
                 self.interventions.append(iv)
                 self._by_kind[iv.kind] = self._by_kind.get(iv.kind, 0) + 1
-                hard += iv.hard
-                soft += not iv.hard
+                hard += int(bool(iv.hard))
+                soft += int(not iv.hard)
             self._hard += hard
             self._soft += soft
         pair = self._matcher.add(stream, int(t_ns), pos)
@@ -524,6 +524,15 @@ class ShadowAccumulator:
             recent = [s for s in self.history if s.t_ns > start]
             m.window = summarize_window(recent)
         return m
+
+
+def json_default(o: Any) -> Any:
+    """Make numpy scalars and arrays JSON-serializable (json.dumps(..., default=json_default))."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
 def _positions_then_velocities(q: np.ndarray, qd: np.ndarray | None) -> np.ndarray:

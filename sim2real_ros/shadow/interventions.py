@@ -61,7 +61,7 @@ class EnvelopeCheck:
             below, above = self.lower[i] - qf[i], qf[i] - self.upper[i]
             excess = max(below, above)
             if excess > 0.0:
-                hard = qf[i] < self.hard_lower[i] or qf[i] > self.hard_upper[i]
+                hard = bool(qf[i] < self.hard_lower[i] or qf[i] > self.hard_upper[i])
                 out.append(WouldBeIntervention(t_ns, "position", names[i], float(excess), hard))
         prev = self._prev
         self._prev = None if bad.any() else (t_ns, qf)

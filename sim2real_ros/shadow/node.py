@@ -16,7 +16,6 @@ import time
 from collections import deque
 from typing import Any
 
-import numpy as np
 from geometry_msgs.msg import Vector3Stamped
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
@@ -30,7 +29,7 @@ from sim2real_ros.ros.diagnostics import OK, STALE, WARN, DiagnosticsPublisher, 
 from sim2real_ros.ros.node_main import spin_node
 from sim2real_ros.ros.params import ParamSpec, declare_params
 from sim2real_ros.ros.qos import COMMAND_QOS, EVENT_QOS, LATCHED_QOS, STATE_QOS
-from sim2real_ros.shadow.divergence import ShadowAccumulator, TrainingStats
+from sim2real_ros.shadow.divergence import ShadowAccumulator, TrainingStats, json_default
 from sim2real_ros.shadow.gates import STAGES, load_rollout_config, recommend
 from sim2real_ros.shadow.interventions import build_intervention_check
 from sim2real_ros.shadow.rollout import RolloutLog, RolloutStateMachine, Transition
@@ -266,7 +265,7 @@ class ShadowComparator(Node):
         self.get_logger().warning(
             f"rollout {t.kind}: {t.from_stage} -> {t.to_stage} by {t.who}: {t.why}"
         )
-        self.transition_pub.publish(String(data=json.dumps(t.as_dict(), default=str)))
+        self.transition_pub.publish(String(data=json.dumps(t.as_dict(), default=json_default)))
 
     def _restart_evidence(self) -> None:
         self.acc.reset()
@@ -303,9 +302,9 @@ class ShadowComparator(Node):
         self.last_report = report
         self.last_recommendation = {**rec, "stage_known": self.stage_known,
                                     "stamp_s": report["stamp_s"]}
-        self.report_pub.publish(String(data=json.dumps(report, default=_json_default)))
+        self.report_pub.publish(String(data=json.dumps(report, default=json_default)))
         self.rec_pub.publish(
-            String(data=json.dumps(self.last_recommendation, default=_json_default))
+            String(data=json.dumps(self.last_recommendation, default=json_default))
         )
         self.diag.publish([self._status(report)])
 
@@ -360,14 +359,6 @@ class ShadowComparator(Node):
 
 def _num(v: Any) -> float | str:
     return "n/a" if v is None else float(v)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable
 
 import rclpy
 from rcl_interfaces.msg import ParameterType
@@ -40,6 +40,7 @@ class GraphClient:
         self.node = Node(f"{name}_{os.getpid()}", context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
+        self._clients: dict[str, AsyncParameterClient] = {}
 
     def __enter__(self) -> GraphClient:
         return self
@@ -60,7 +61,11 @@ class GraphClient:
             rclpy.shutdown(context=self.context)
 
     def _params(self, target: str, timeout_s: float) -> AsyncParameterClient:
-        client = AsyncParameterClient(self.node, target)
+        # One client per target: a fresh client's first response can be lost while its reader
+        # is still being matched, so get and set share the client the first call matched.
+        client = self._clients.get(target)
+        if client is None:
+            client = self._clients[target] = AsyncParameterClient(self.node, target)
         deadline = time.monotonic() + timeout_s
         while not client.services_are_ready():
             if time.monotonic() > deadline:
@@ -69,19 +74,27 @@ class GraphClient:
             self.executor.spin_once(timeout_sec=0.05)
         return client
 
-    def _wait(self, future: Any, what: str, timeout_s: float) -> Any:
-        self.executor.spin_until_future_complete(future, timeout_sec=timeout_s)
-        if not future.done():
-            raise RemoteError(f"{what}: no answer within {timeout_s} s")
-        if future.exception() is not None:
-            raise RemoteError(f"{what}: {future.exception()}")
-        return future.result()
+    def _call(self, send: Callable[[], Any], what: str, timeout_s: float) -> Any:
+        # A service reports ready once it can receive, but the first response may be lost
+        # while the reply path is still matching (Fast DDS drops it after a timeout): resend
+        # (get and set are idempotent) until the overall timeout.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            future = send()
+            remaining = deadline - time.monotonic()
+            self.executor.spin_until_future_complete(future, timeout_sec=min(1.0, remaining))
+            if future.done():
+                if future.exception() is not None:
+                    raise RemoteError(f"{what}: {future.exception()}")
+                return future.result()
+            if time.monotonic() >= deadline:
+                raise RemoteError(f"{what}: no answer within {timeout_s} s")
 
     def get_stage(self, target: str, timeout_s: float = 5.0) -> str:
         """Return the `rollout_stage` parameter of node `target`."""
         client = self._params(target, timeout_s)
-        res = self._wait(client.get_parameters([STAGE_PARAM]), f"get {target} {STAGE_PARAM}",
-                         timeout_s)
+        res = self._call(lambda: client.get_parameters([STAGE_PARAM]),
+                         f"get {target} {STAGE_PARAM}", timeout_s)
         if not res.values or res.values[0].type != ParameterType.PARAMETER_STRING:
             raise RemoteError(f"{target} has no string parameter {STAGE_PARAM!r}")
         return str(res.values[0].string_value)
@@ -89,7 +102,7 @@ class GraphClient:
     def set_stage(self, target: str, stage: str, timeout_s: float = 5.0) -> None:
         """Set `rollout_stage` on node `target`; raise RemoteError with the node's reason."""
         client = self._params(target, timeout_s)
-        res = self._wait(client.set_parameters([Parameter(STAGE_PARAM, value=stage)]),
+        res = self._call(lambda: client.set_parameters([Parameter(STAGE_PARAM, value=stage)]),
                          f"set {target} {STAGE_PARAM}", timeout_s)
         result = res.results[0]
         if not result.successful:

@@ -25,6 +25,7 @@ from sim2real_ros.shadow.divergence import (
     StepDivergence,
     TrainingStats,
     WouldBeIntervention,
+    json_default,
     windows,
 )
 from sim2real_ros.shadow.gates import (
@@ -433,7 +434,7 @@ def write_report(a: BagAnalysis, out_dir: str | Path, fmt: str = "md") -> Path:
     images = {"divergence": "divergence.png", "confidence": "confidence.png"}
     plot_divergence(a, out / images["divergence"])
     plot_confidence(a, out / images["confidence"])
-    (out / "report.json").write_text(json.dumps(a.as_dict(), indent=1, default=str))
+    (out / "report.json").write_text(json.dumps(a.as_dict(), indent=1, default=json_default))
     page = out / f"report.{fmt}"
     page.write_text(render_markdown(a, images) if fmt == "md" else render_html(a, images))
     return page

@@ -82,7 +82,7 @@ class RolloutLog:
     def append(self, transition: Transition) -> None:
         """Append one record (an exclusive lock keeps lines whole across processes)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(transition.as_dict(), sort_keys=True, allow_nan=False) + "\n"
+        line = json.dumps(transition.as_dict(), sort_keys=True, default=_plain) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
@@ -239,6 +239,13 @@ class RolloutStateMachine:
             dict(evidence or {}),
         )
         return self._record(t)
+
+
+def _plain(o: Any) -> Any:
+    # numpy scalars and arrays in evidence (measured values) have tolist().
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
 def current_stage_from_log(log: RolloutLog, default: str = STAGES[0]) -> str:
