@@ -86,7 +86,7 @@ def rig(ros_context: Any) -> Any:
 
 
 def test_publishes_joint_states_at_the_configured_rate(rig: Any) -> None:
-    _, probe, ex = rig(publish_rate_hz=200.0)
+    _, probe, ex = rig(publish_rate_hz=100.0)
     assert spin_until(ex, lambda: len(probe.states) > 20, 10.0)
     start = len(probe.states)
     t0 = time.monotonic()
@@ -94,9 +94,9 @@ def test_publishes_joint_states_at_the_configured_rate(rig: Any) -> None:
     rate = (len(probe.states) - start) / (time.monotonic() - t0)
     # Wall-clock delivery on a shared 2-core host: generous below, strict above (a bridge that
     # published faster than configured would be wrong whatever the load).
-    assert 0.6 * 200.0 < rate < 1.05 * 200.0
+    assert 0.6 * 100.0 < rate < 1.05 * 100.0
     stamps = np.array([stamp_to_s(m.header.stamp) for _, m in probe.states[start:]])
-    assert np.median(np.diff(stamps)) == pytest.approx(1 / 200.0, rel=0.2)
+    assert np.median(np.diff(stamps)) == pytest.approx(1 / 100.0, rel=0.2)
     msg = probe.states[-1][1]
     assert list(msg.name) == ["shoulder_pan_joint", "shoulder_lift_joint", "elbow_joint",
                               "wrist_1_joint", "wrist_2_joint", "wrist_3_joint"]
