@@ -122,7 +122,11 @@ def real_backend_graph(
     log_dir.mkdir(parents=True, exist_ok=True)
     out = open(log_dir / "graph.log", "a")  # noqa: SIM115 - closed below
     runner = GraphRunner(graph, out=out, log_dir=log_dir, config=RunnerConfig(
-        grace_s=5.0, extra_env={REGISTRY_ENV: str(registry_root)}))
+        grace_s=5.0,
+        # One intra-op thread per torch process: batch-1 inference of a small MLP gains
+        # nothing from a pool, and a pool per node fights the other nodes for the cores
+        # (measured here: the policy node fell to ~10 Hz with the default pool).
+        extra_env={REGISTRY_ENV: str(registry_root), "OMP_NUM_THREADS": "1"}))
     runner.start()
     try:
         yield runner
