@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from sim2real_ros.cli import main as sim2real
-from sim2real_ros.paths import default_urdf
+from sim2real_ros.paths import default_urdf, share_path
 from sim2real_ros.robot.model import load_arm
+from sim2real_ros.safety.envelope import load_envelope
 from sim2real_ros.shadow.divergence import TrainingStats
 from sim2real_ros.shadow.stats import save_training_stats, state_block_names
 from sim2real_ros.sysid.bags import BagWriter, joint_state_msg, typestore
@@ -138,13 +139,21 @@ def test_hard_violation_in_the_bag_fails_the_gate_and_shows_in_the_report(
                      "--config", str(_rollout_yaml(tmp_path))]) == 0
     report = json.loads((out / "report.json").read_text())
     m = report["metrics"]
-    # The spike is beyond the URDF limit (hard) and arrives and leaves faster than the
-    # envelope and URDF velocity limits (two hard velocity violations).
-    assert m["hard_violations"] == 3
-    assert m["interventions_by_kind"] == {"position": 1, "velocity": 2}
+    # The spike asks shoulder_lift for 5 rad (envelope: [-1.9, 1.9]): one hard position
+    # violation, plus a hard workspace one if that configuration puts the tool outside the box.
+    spike = _q(150) + OFFSET
+    spike[1] = 5.0
+    env = load_envelope(share_path("config", "safety_envelope.yaml"), ARM)
+    tool = ARM.tool_position(spike)
+    outside = bool(np.any(tool < env.box_min_m) or np.any(tool > env.box_max_m))
+    assert m["hard_violations"] == 1 + outside
+    assert m["interventions_by_kind"]["position"] == 1
+    assert m["interventions_by_kind"].get("workspace", 0) == int(outside)
+    assert "safety.projection.Projector" in report["intervention_check"]
     assert report["recommendation"]["promote"] is False
     html = (out / "report.html").read_text()
-    assert "<td>max_hard_violations</td><td>3</td><td>&lt;=</td><td>0</td><td>FAIL</td>" in html
+    assert (f"<td>max_hard_violations</td><td>{1 + outside}</td><td>&lt;=</td><td>0</td>"
+            "<td>FAIL</td>") in html
     assert "<img src='divergence.png'>" in html
 
 
