@@ -214,3 +214,25 @@ def test_disabled_spec_draw_is_the_nominal_plant() -> None:
     assert d.values == {}
     assert d.plant.payload_kg == 0.0 and np.allclose(d.plant.gravity, [0, 0, -9.81])
     assert d.latency.action_delay_s == 0.0
+
+
+def test_cli_draw_is_reproducible_and_check_spec_names_the_bad_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from sim2real_ros.cli import main
+
+    outs = []
+    for seed in (4, 4, 5):
+        assert main(["sim", "draw", "--seed", str(seed)]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and outs[0] != outs[2]
+    assert outs[0]["seed"] == 4 and set(outs[0]["values"]) == set(TERMS)
+    assert main(["sim", "check-spec", str(SHIPPED)]) == 0
+    assert "gaps covered: actuator, dynamics, latency, sensor, visual" in capsys.readouterr().out
+    bad = write(tmp_path, {"terms": {"kp": {"operation": "scale", "range": [0.5, 2],
+                                            "mode": "sometimes"}}})
+    assert main(["sim", "check-spec", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "terms.kp.mode" in err and "'sometimes'" in err
