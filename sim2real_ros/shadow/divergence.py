@@ -333,7 +333,8 @@ class ShadowAccumulator:
         s = self.settings
         self._matcher = StampMatcher(int(round(s.stamp_tolerance_s * 1e9)))
         self.history: deque[StepDivergence] = deque(maxlen=s.max_history_steps)
-        self.interventions: deque[WouldBeIntervention] = deque(maxlen=1000)
+        self.interventions: deque[WouldBeIntervention] = deque(maxlen=1000)  # latest, any kind
+        self.hard_interventions: deque[WouldBeIntervention] = deque(maxlen=10000)
         self._steps = 0
         self._agree = 0
         self._first_ns: int | None = None
@@ -423,6 +424,8 @@ class ShadowAccumulator:
             found = self.intervention_check(int(t_ns), pos, None if obs is None else obs[0])
             for iv in found:
                 self.interventions.append(iv)
+                if iv.hard:
+                    self.hard_interventions.append(iv)
                 self._by_kind[iv.kind] = self._by_kind.get(iv.kind, 0) + 1
                 hard += int(bool(iv.hard))
                 soft += int(not iv.hard)

@@ -74,7 +74,7 @@ class BagAnalysis:
     steps: list[StepDivergence]  # every aligned step of the bag, for plots
     disagreement_rad: np.ndarray
     ood_score: np.ndarray
-    interventions: list[WouldBeIntervention]
+    interventions: list[WouldBeIntervention]  # the hard ones (soft ones are counted by kind)
     transitions: list[dict[str, Any]]
     safety_events: int
     topic_counts: dict[str, int]
@@ -146,7 +146,7 @@ def analyze_bag(
 
     def close_segment() -> None:
         acc.finish()
-        interventions.extend(acc.interventions)
+        interventions.extend(acc.hard_interventions)
         segments.append(Segment(stage or STAGES[0], version, acc.metrics()))
         acc.reset()
 
@@ -247,18 +247,21 @@ def plot_divergence(a: BagAnalysis, path: Path) -> Path:
         axes[n].plot(t, [s.l2_rad for s in a.steps], lw=0.8, color="k")
         axes[n].set_ylabel("L2\nrad", fontsize=7)
         ws = windows(a.steps, a.config.metrics.window_s)
-        axes[n + 1].step([(w.t_start_s - t0 * 1e-9) for w in ws],
-                         [w.agreement_rate for w in ws], where="post")
+        starts = [w.t_start_s - t0 * 1e-9 for w in ws]
+        rates = [w.agreement_rate for w in ws]
+        axes[n + 1].step(starts + [t[-1]], rates + rates[-1:], where="post")
         axes[n + 1].set_ylim(-0.05, 1.05)
         axes[n + 1].set_ylabel(f"agreement\n/{a.config.metrics.window_s:g} s", fontsize=7)
+        # Hard would-be violations only: soft rate shaping is frequent and would hide them.
         for iv in a.interventions:
-            axes[n].axvline((iv.t_ns - t0) * 1e-9, color="tab:red" if iv.hard else "tab:orange",
-                            lw=0.5, alpha=0.5)
+            if iv.hard:
+                axes[n].axvline((iv.t_ns - t0) * 1e-9, color="tab:red", lw=0.6, alpha=0.6)
     else:
         axes[0].text(0.5, 0.5, "no aligned policy/baseline commands", ha="center",
                      transform=axes[0].transAxes)
     axes[-1].set_xlabel("time since first aligned step (s, header stamps)")
-    fig.suptitle(f"|policy - baseline| per joint (dashed: agreement tolerance {tol:g} rad)")
+    fig.suptitle(f"|policy - baseline| per joint (dashed: agreement tolerance {tol:g} rad; "
+                 "red lines on L2: would-be hard violations)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -322,7 +325,7 @@ def _tables(a: BagAnalysis) -> list[tuple[str, list[str], list[list[str]]]]:
                     ["criterion", "measured", "op", "threshold", "result"], gate_rows(g)))
     out.append((
         "Divergence per joint (since the stage began)",
-        ["joint", "mean |Δ| rad", "max |Δ| rad"],
+        ["joint", "mean abs divergence rad", "max abs divergence rad"],
         [[j, _fmt(mean), _fmt(mx)] for j, mean, mx in zip(a.joint_names, m.mean_abs_rad,
                                                           m.max_abs_rad)],
     ))
