@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
     shadow = subparsers.add_parser("shadow", help="shadow-mode comparison of policy and baseline")
     ssub = shadow.add_subparsers(dest="shadow_command", required=True)
     rep = ssub.add_parser("report", help="write a shadow report (plots, gate table) from a bag")
-    rep.add_argument("bag", help="rosbag2 directory (MCAP) with policy/ and baseline/joint_command")
+    rep.add_argument("bag", help="rosbag2 directory (MCAP) with policy/joint_command and "
+                                 "baseline/joint_command")
     rep.add_argument("-o", "--output", default="shadow_report", help="output directory")
     rep.add_argument("--format", choices=("md", "html"), default="md", help="page format")
     rep.add_argument("--config", default="", help="rollout.yaml (default: shipped)")

@@ -487,9 +487,11 @@ class ShadowAccumulator:
     def metrics(self, now_ns: int | None = None) -> ShadowMetrics:
         """Return the metrics since the stage began and over the last `window_s`."""
         n = self._steps
+        span_ns = 0 if self._first_ns is None or self._last_ns is None else (
+            self._last_ns - self._first_ns)
         m = ShadowMetrics(
             steps=n,
-            time_s=0.0 if n == 0 else (self._last_ns - self._first_ns) * 1e-9,  # type: ignore[operator]
+            time_s=span_ns * 1e-9,
             agreement_rate=self._agree / n if n else None,
             mean_abs_rad=[float(v) for v in self._sum_abs / n] if n else [],
             max_abs_rad=[float(v) for v in self._max_abs] if n else [],

@@ -1,4 +1,4 @@
-"""Rollout gates: the measured criteria each promotion (shadow -> advisory -> limited -> full) needs.
+"""Rollout gates: what each promotion (shadow -> advisory -> limited -> full) must measure.
 
 config/rollout.yaml holds the metric settings and, per target stage, the criteria. A criterion
 `min_<metric>` passes when the measured value is >= its threshold, `max_<metric>` when it is <=:
