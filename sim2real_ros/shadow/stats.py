@@ -74,9 +74,14 @@ def load_registry_stats(
     version: int, joint_names: Sequence[str], root: str | Path | None = None
 ) -> TrainingStats:
     """Load the [q, qd] training statistics of a verified registry version."""
-    from sim2real_ros.policy.registry import PolicyRegistry
+    from sim2real_ros.policy.registry import PolicyRegistry, default_root
 
-    reg = PolicyRegistry(None if root in (None, "") else root, init_from_default=False)
+    r = Path(root).expanduser() if root not in (None, "") else default_root()
+    # Never create a registry as a side effect of observing one.
+    if not (r / "index.json").is_file():
+        raise ConfigError(r / "index.json", "<file>", None,
+                          "an existing policy registry (the policy node's registry_path)")
+    reg = PolicyRegistry(r, init_from_default=False)
     policy, rec = reg.load(int(version))
     return _from_policy(policy, joint_names, f"{reg.root / rec.file}")
 
