@@ -35,7 +35,7 @@ def test_sim_backend_starts_the_sim_bridge_and_remaps_nothing() -> None:
             "shadow_comparator"} <= set(g.names())
     assert "trajectory_adapter" not in g.names()
     assert all(n.remappings == () for n in g.nodes)
-    assert g.node("sim_bridge").parameter_dict()["real_time"] is True
+    assert g.node("sim_bridge").parameter_dict()["clock_mode"] == "realtime"
     assert all(n.parameter_dict()["use_sim_time"] is False for n in g.nodes)
 
 
