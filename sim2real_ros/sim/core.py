@@ -64,9 +64,10 @@ class SimCore:
         calibration: PlantParams | None = None,
         q0: np.ndarray | None = None,
         camera: CameraConfig | None = None,
+        floor: bool = False,
     ) -> None:
         self.spec = spec or RandomizationSpec.disabled()
-        self.plant = ArmPlant(urdf_path, physics_dt_s, calibration)
+        self.plant = ArmPlant(urdf_path, physics_dt_s, calibration, ground_plane=floor)
         self.arm = self.plant.arm
         self.joint_names = list(self.plant.joint_names)
         self.n = self.plant.n

@@ -102,6 +102,9 @@ PARAMS = [
               "Also subscribe forward_velocity_controller/commands (rad/s).", read_only=True),
     ParamSpec("ft_frame_id", "ft_sensor_link", "frame_id of the wrench messages.",
               read_only=True),
+    ParamSpec("floor", False,
+              "Put a floor slab under the arm (contact randomization acts on it); it makes "
+              "each physics step 2-3x slower. Always on with the camera.", read_only=True),
     ParamSpec("camera_enabled", False, "Publish camera/image_raw (sensor_msgs/Image, rgb8).",
               read_only=True),
     ParamSpec("camera_rate_hz", 10.0, "Camera frame rate (Hz).", low=0.1, high=60.0,
@@ -160,7 +163,8 @@ class SimBridge(Node):
                               height=int(values["camera_height"]))
         self._core = SimCore(spec, seed=self._seed, urdf_path=urdf,
                              physics_dt_s=1.0 / values["physics_rate_hz"],
-                             calibration=calibration, q0=q0_core, camera=camera)
+                             calibration=calibration, q0=q0_core, camera=camera,
+                             floor=bool(values["floor"] or values["camera_enabled"]))
         self._publish_period_s = 1.0 / values["publish_rate_hz"]
         self._control_period_s = float(values["control_period_s"])
         self._lockstep_timeout_s = float(values["lockstep_timeout_s"])
