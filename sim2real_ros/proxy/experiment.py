@@ -12,7 +12,7 @@ Steps (issue 9), each split into resumable stages that seal their artifacts with
 4. collect N proxy trajectories (limited stage), fine-tune the last layer-> s4a_collect
                                                                           -> s4b_finetune
    evaluate on the proxy                                                 -> s4c_proxy_finetuned
-5. the reality-gap audit at each step                                    -> s5_audit
+5. the reality-gap audit at each step, inside s2, s3d and s4c (audit_<policy>/audit.json)
 and the table, plots and parameter recovery, rewritten from whatever is sealed -> report/
 
 The proxy's unit file is handed to the proxy_arm process and read by this module only in the
@@ -322,8 +322,10 @@ def stage_train(ctx: Context, out: Path) -> dict[str, Any]:
     return meta
 
 
-def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path) -> dict[str, Any]:
-    """Evaluate registry policy `label` on the running proxy through the real-backend graph."""
+def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path, spec: Path | None,
+                calibrations: list[Path], bags: list[Path]) -> dict[str, Any]:
+    """Evaluate registry policy `label` on the running proxy through the real-backend graph,
+    then audit this step with its evidence (spec, calibrations, bags, this HIL record)."""
     from sim2real_ros.audit.evidence import HilRecord, write_hil_record
     from sim2real_ros.policy.task import TaskConfig
     from sim2real_ros.proxy.cell import check_graph, real_backend_graph
@@ -349,16 +351,83 @@ def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path) -> dict[st
         success_rate=summary.success_rate, n_episodes=summary.n_episodes,
         tracking_error_rad=0.0 if math.isnan(summary.tracking_rms_rad)
         else summary.tracking_rms_rad,
-        passed=summary.success_rate >= 0.9,
+        # The issue's target: proxy success at least 95 % of the policy's sim success.
+        passed=summary.success_rate >= 0.95 * _sim_success(ctx, label),
     )
-    write_hil_record(out.with_name(f"hil_record_{label}.json"), record)
-    data = {"label": label, "registry_version": version, "summary": summary.to_dict(),
-            "counters": ev.counters.to_dict(), "wall_s": ev.wall_s, "warmup_s": ev.warmup_s,
-            "episodes": [r.to_dict() for r in ev.results]}
-    write_json(out, data)
+    hil = write_hil_record(out.with_name(f"hil_record_{label}.json"), record)
     ctx.progress.say(f"proxy success {label}: {summary.success_rate:.2f}, interventions "
                      f"{ev.counters.interventions}, fallbacks {ev.counters.fallbacks}")
-    return {"summary": summary.to_dict(), "counters": ev.counters.to_dict()}
+    audit = _audit(ctx, stage_dir, label, hil, spec, calibrations, bags, unit_id)
+    data = {"label": label, "registry_version": version, "summary": summary.to_dict(),
+            "counters": ev.counters.to_dict(), "wall_s": ev.wall_s, "warmup_s": ev.warmup_s,
+            "audit": audit, "episodes": [r.to_dict() for r in ev.results]}
+    write_json(out, data)
+    return {"summary": summary.to_dict(), "counters": ev.counters.to_dict(), "audit": audit}
+
+
+SIM_EVALS = {"nominal": ("s1_train", "sim_eval_nominal.json"),
+             "randomized": ("s1_train", "sim_eval_randomized.json"),
+             "calibrated": ("s3c_train_calibrated", "sim_eval_calibrated.json"),
+             "finetuned": ("s4b_finetune", "sim_eval_finetuned.json")}
+
+
+def _sim_success(ctx: Context, label: str) -> float:
+    """The sealed sim success of a policy (its own simulator, same protocol)."""
+    stage, rel = SIM_EVALS[label]
+    return float(read_json(ctx.run.artifact(stage, rel))["summary"]["success_rate"])
+
+
+def nominal_spec_file(path: Path) -> Path:
+    """Write the shipped randomization spec with every term switched off (the nominal sim)."""
+    import yaml
+
+    from sim2real_ros.config import load_yaml
+
+    data = load_yaml(share_path("config", "randomization.yaml"))
+    for term in (data.get("terms") or {}).values():
+        if isinstance(term, dict):
+            term["enabled"] = False
+    path.write_text("# config/randomization.yaml with every term off: the nominal simulator "
+                    "the step-1 nominal policy was trained in\n" + yaml.safe_dump(data))
+    return path
+
+
+def _audit(ctx: Context, out: Path, label: str, hil: Path, spec: Path | None,
+           calibrations: list[Path], bags: list[Path], unit_id: str) -> dict[str, str]:
+    """Step 5 at this step: `sim2real audit` with the evidence this step has; return colours."""
+    _require("sim2real_ros.audit.cli", "the reality-gap audit (sim2real audit)")
+    dest = out / f"audit_{label}"
+    args = ["audit", "--hil-record", str(hil), "-o", str(dest), "--camera", "unused"]
+    if spec is not None:
+        args += ["--spec", str(spec)]
+    for c in calibrations:
+        args += ["--calibration", str(c)]
+    for b in bags:
+        args += ["--bag", str(b)]
+    if unit_id and unit_id != "unknown":
+        args += ["--unit", unit_id]
+    record = _fault_record()
+    if record is not None:
+        args += ["--fault-record", str(record)]
+    # Exit 1 = a red row: that is a result to record here, not a failure of the stage.
+    _sim2real(args, out / f"audit_{label}.log", f"audit of {label}", ok_codes=(0, 1))
+    rows = read_json(dest / "audit.json").get("rows", [])
+    colours = {str(r["gap"]): str(r["status"]) for r in rows}
+    ctx.progress.say(f"audit {label}: " + ", ".join(f"{g} {c}" for g, c in colours.items()))
+    return colours
+
+
+def _fault_record() -> Path | None:
+    """The safety suite's fault-injection record, where the safety room writes it."""
+    for rel in (("config", "safety_fault_record.json"),
+                ("bench", "results", "safety_fault_record.json")):
+        try:
+            p = share_path(*rel)
+        except FileNotFoundError:
+            continue
+        if p.is_file():
+            return p
+    return None
 
 
 def _with_proxy(ctx: Context, out: Path, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -378,8 +447,12 @@ def _with_proxy(ctx: Context, out: Path, body: Callable[[], dict[str, Any]]) -> 
 
 def stage_proxy_gap(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 2: both step-1 policies on the proxy, through the real-backend graph."""
+    specs = {"nominal": nominal_spec_file(out / "spec_nominal.yaml"),
+             "randomized": share_path("config", "randomization.yaml")}
+
     def body() -> dict[str, Any]:
-        return {label: _proxy_eval(ctx, out / f"proxy_eval_{label}.json", label, out)
+        return {label: _proxy_eval(ctx, out / f"proxy_eval_{label}.json", label, out,
+                                   specs[label], [], [])
                 for label in ("nominal", "randomized")}
 
     return _with_proxy(ctx, out, body)
@@ -398,7 +471,7 @@ def _require(module: str, what: str) -> Any:
     return importlib.import_module(module)
 
 
-def _sim2real(args: list[str], log: Path, what: str) -> None:
+def _sim2real(args: list[str], log: Path, what: str, ok_codes: tuple[int, ...] = (0,)) -> int:
     """Run a `sim2real ...` command of another room as a user would; StageBlocked on failure."""
     from sim2real_ros.ros.env import child_env
 
@@ -408,10 +481,11 @@ def _sim2real(args: list[str], log: Path, what: str) -> None:
         fh.flush()
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(),
                             check=False).returncode
-    if rc != 0:
+    if rc not in ok_codes:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise StageBlocked(f"{what}: `sim2real {' '.join(args[:2])}` exited {rc}; "
                            f"see {log}:\n{tail}")
+    return rc
 
 
 def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
@@ -433,10 +507,17 @@ def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
     return _with_proxy(ctx, out, body)
 
 
+def _sysid_bags(ctx: Context) -> list[Path]:
+    """The sealed excitation bags of step 3 (verified)."""
+    ctx.run.verify("s3a_sysid_record")
+    return sorted(p for p in (ctx.run.stage_dir("s3a_sysid_record") / "bags").iterdir()
+                  if p.is_dir())
+
+
 def stage_sysid_fit(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 3b: fit the proxy from its bags; calibrated randomization from fit and spread."""
     _require("sim2real_ros.sysid.cli", "fitting the proxy (sim2real sysid fit)")
-    bags = sorted(str(p) for p in (ctx.run.stage_dir("s3a_sysid_record") / "bags").iterdir())
+    bags = [str(p) for p in _sysid_bags(ctx)]
     calibration = out / "calibration.yaml"
     _sim2real(["sysid", "fit", *bags, "-o", str(calibration)], out / "sysid_fit.log",
               "step 3 fit")
@@ -463,8 +544,10 @@ def stage_train_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
 
 def stage_proxy_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 3d: the calibrated policy on the proxy."""
+    calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
     return _with_proxy(ctx, out, lambda: {
-        "calibrated": _proxy_eval(ctx, out / "proxy_eval_calibrated.json", "calibrated", out)})
+        "calibrated": _proxy_eval(ctx, out / "proxy_eval_calibrated.json", "calibrated", out,
+                                  None, [calibration], _sysid_bags(ctx))})
 
 
 def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
@@ -482,19 +565,15 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
 
 def stage_proxy_finetuned(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 4c: the fine-tuned policy on the proxy."""
+    calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
     return _with_proxy(ctx, out, lambda: {
-        "finetuned": _proxy_eval(ctx, out / "proxy_eval_finetuned.json", "finetuned", out)})
-
-
-def stage_audit(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 5: the reality-gap audit with the evidence each step had."""
-    _require("sim2real_ros.audit.cli", "the reality-gap audit (sim2real audit)")
-    raise StageBlocked("step 5 audit: `sim2real audit` has not landed")
+        "finetuned": _proxy_eval(ctx, out / "proxy_eval_finetuned.json", "finetuned", out,
+                                 None, [calibration], _sysid_bags(ctx))})
 
 
 STAGES: tuple[Stage, ...] = (
     Stage("s1_train", 1, "train nominal and randomized policies; sim success", (), stage_train),
-    Stage("s2_proxy_gap", 2, "both policies on the proxy (real backend): the reality gap",
+    Stage("s2_proxy_gap", 2, "both policies on the proxy (real backend): the gap; audit",
           ("s1_train",), stage_proxy_gap),
     Stage("s3a_sysid_record", 3, "excite and record the proxy (sysid recorder)", (),
           stage_sysid_record),
@@ -502,17 +581,16 @@ STAGES: tuple[Stage, ...] = (
           ("s3a_sysid_record",), stage_sysid_fit),
     Stage("s3c_train_calibrated", 3, "retrain in the calibrated simulator; sim success",
           ("s3b_sysid_fit",), stage_train_calibrated),
-    Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy",
-          ("s1_train", "s3c_train_calibrated"), stage_proxy_calibrated),
+    Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy; audit",
+          ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated"),
+          stage_proxy_calibrated),
     Stage("s4a_collect", 4, "collect proxy trajectories (limited stage)",
           ("s1_train", "s3c_train_calibrated"), stage_collect),
     Stage("s4b_finetune", 4, "fine-tune the last layer on them", ("s4a_collect",),
           stage_finetune),
-    Stage("s4c_proxy_finetuned", 4, "fine-tuned policy on the proxy",
-          ("s1_train", "s3c_train_calibrated", "s4b_finetune"), stage_proxy_finetuned),
-    Stage("s5_audit", 5, "reality-gap audit at each step",
-          ("s2_proxy_gap", "s3b_sysid_fit", "s3d_proxy_calibrated", "s4c_proxy_finetuned"),
-          stage_audit),
+    Stage("s4c_proxy_finetuned", 4, "fine-tuned policy on the proxy; audit",
+          ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated",
+           "s4b_finetune"), stage_proxy_finetuned),
 )
 
 

@@ -75,7 +75,6 @@ def collect_rows(run: RunFolder) -> list[Row]:
     """Assemble the table's rows from the sealed stages."""
     status = read_json(run.root / "status.json") if (run.root / "status.json").is_file() else {}
     blocked = status.get("blocked", {}) if isinstance(status, dict) else {}
-    audit = _load(run, "s5_audit", "audit_rows.json") or {}
     rows = []
     for label, step, policy, sim_stage, sim_file, px_stage, px_file, audit_key in ROWS:
         sim = _load(run, sim_stage, sim_file)
@@ -90,7 +89,11 @@ def collect_rows(run: RunFolder) -> list[Row]:
         counters = (px or {}).get("counters", {})
         track = _num(ps.get("tracking_rms_rad"))
         final = _num(ps.get("median_final_distance_m"))
-        colours = audit.get(audit_key) if isinstance(audit, dict) else None
+        colours = (px or {}).get("audit") if px else None
+        if px is not None and colours is None:
+            audit = _load(run, px_stage, f"audit_{policy}/audit.json")
+            if audit:
+                colours = {str(r["gap"]): str(r["status"]) for r in audit.get("rows", [])}
         rows.append(Row(
             label=label, step=step, policy=policy,
             sim_success=_num((sim or {}).get("summary", {}).get("success_rate")),
