@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import SingleThreadedExecutor
@@ -84,7 +85,7 @@ def _evidence(tmp_path: Path, steps: int = 200) -> Path:
 def _promote(tmp_path: Path, to: str, *extra: str) -> int:
     return sim2real(["rollout", "promote", "--to", to, "--who", "alice",
                      "--why", "two clean shifts", "--config", str(_rollout_yaml(tmp_path)),
-                     "--timeout", "3", *extra])
+                     "--timeout", "10", *extra])
 
 
 def test_promotion_with_passing_evidence_sets_the_stage_and_logs_who_why_evidence(
@@ -168,8 +169,65 @@ def test_status_prints_stage_recommendation_and_log(
         json.loads(report.read_text())["recommendation"])))
     capsys.readouterr()
     assert sim2real(["rollout", "status", "--config", str(_rollout_yaml(tmp_path)),
-                     "--timeout", "3"]) == 0
+                     "--timeout", "10"]) == 0
     out = capsys.readouterr().out
     assert "stage: advisory" in out
     assert "recommendation: advisory (current shadow, promote=True)" in out
     assert "promotion shadow -> advisory by alice: two clean shifts" in out
+
+
+class Streamer:
+    """Plays policy (= baseline + OFFSET), baseline and stage status at 100 Hz in a thread."""
+
+    def __init__(self, ctx: Any) -> None:
+        from rclpy.qos import QoSProfile
+        from sensor_msgs.msg import JointState
+
+        from sim2real_ros.ros.convert import arrays_to_joint_state, ns_to_stamp
+
+        self.node = Node("shadow_test_streamer", context=ctx)
+        depth = QoSProfile(depth=100)
+        pol = self.node.create_publisher(JointState, "policy/joint_command", depth)
+        base = self.node.create_publisher(JointState, "baseline/joint_command", depth)
+        status = self.node.create_publisher(String, "safety_filter/status", LATCHED_QOS)
+        status.publish(String(data=json.dumps({"rollout_stage": "shadow", "estop": False})))
+        self.k = 0
+
+        def tick() -> None:
+            stamp = ns_to_stamp(1_000_000_000 + self.k * 10_000_000)
+            q = np.round((0.1 * np.sin(0.01 * self.k + np.arange(6))) * 2**20) / 2**20
+            base.publish(arrays_to_joint_state(JOINTS, stamp, q))
+            pol.publish(arrays_to_joint_state(JOINTS, stamp, q + OFFSET))
+            self.k += 1
+
+        self.node.create_timer(0.01, tick)
+        self.executor = SingleThreadedExecutor(context=ctx)
+        self.executor.add_node(self.node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=2.0)
+        self.thread.join(5.0)
+        self.node.destroy_node()
+
+
+def test_live_report_listens_to_the_running_graph(ros_context: Any, tmp_path: Path) -> None:
+    streamer = Streamer(ros_context)
+    try:
+        out = tmp_path / "live"
+        assert sim2real(["shadow", "report", "--live", "--duration", "1.5", "-o", str(out),
+                         "--config", str(_rollout_yaml(tmp_path))]) == 0
+    finally:
+        streamer.close()
+    report = json.loads((out / "report.json").read_text())
+    m = report["metrics"]
+    assert m["steps"] >= 50  # ~150 at 100 Hz; a loaded machine delivers fewer
+    assert m["mean_abs_rad"] == list(np.abs(OFFSET)) and m["agreement_rate"] == 1.0
+    assert report["stage"] == "shadow" and report["bag"] == "live graph (1.5 s)"
+    assert (out / "divergence.png").is_file()
+
+
+def test_report_needs_a_bag_or_live(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim2real(["shadow", "report"]) == 2
+    assert "a bag or --live" in capsys.readouterr().err

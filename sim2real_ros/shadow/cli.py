@@ -36,9 +36,14 @@ def register(subparsers: Any) -> None:
     """Add `shadow` and `rollout` sub-commands to the `sim2real` parser."""
     shadow = subparsers.add_parser("shadow", help="shadow-mode comparison of policy and baseline")
     ssub = shadow.add_subparsers(dest="shadow_command", required=True)
-    rep = ssub.add_parser("report", help="write a shadow report (plots, gate table) from a bag")
-    rep.add_argument("bag", help="rosbag2 directory (MCAP) with policy/joint_command and "
-                                 "baseline/joint_command")
+    rep = ssub.add_parser("report", help="write a shadow report (plots, gate table) from a bag "
+                                         "or the live graph")
+    rep.add_argument("bag", nargs="?", default="",
+                     help="rosbag2 directory (MCAP) with policy/joint_command and "
+                          "baseline/joint_command")
+    rep.add_argument("--live", action="store_true",
+                     help="instead of a bag, listen to the running graph for --duration s")
+    rep.add_argument("--duration", type=float, default=30.0, help="seconds to listen (--live)")
     rep.add_argument("-o", "--output", default="shadow_report", help="output directory")
     rep.add_argument("--format", choices=("md", "html"), default="md", help="page format")
     rep.add_argument("--config", default="", help="rollout.yaml (default: shipped)")
@@ -202,24 +207,59 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     from sim2real_ros.paths import default_urdf
     from sim2real_ros.robot.model import load_arm
     from sim2real_ros.shadow.interventions import build_intervention_check
-    from sim2real_ros.shadow.report import analyze_bag, write_report
+    from sim2real_ros.shadow.report import TOPICS, analyze_bag, analyze_messages, write_report
     from sim2real_ros.shadow.stats import load_training_stats
     from sim2real_ros.sysid.bags import BagError
 
+    if bool(args.bag) == bool(args.live):
+        raise ConfigError(None, "BAG / --live", args.bag or None, "a bag or --live (one of them)")
     cfg = load_rollout_config(args.config or None)
     arm = load_arm(args.urdf or default_urdf())
     check, check_source = build_intervention_check(args.envelope or None, arm)
     stats = load_training_stats(args.stats, arm.joint_names) if args.stats else None
-    try:
-        analysis = analyze_bag(args.bag, arm.joint_names, cfg, check, stats,
-                               intervention_source=check_source,
-                               stats_source=args.stats or "none")
-    except BagError as exc:
-        print(f"sim2real shadow report: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    if args.live:
+        messages = _capture_live(args.duration)
+        counts = {k: sum(1 for m in messages if m[0] == k) for k in TOPICS}
+        if not counts["policy"] or not counts["baseline"]:
+            print(f"sim2real shadow report: no policy or baseline commands in {args.duration} s "
+                  f"(received {counts})", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        analysis = analyze_messages(f"live graph ({args.duration:g} s)", messages, counts,
+                                    arm.joint_names, cfg, check, stats, check_source,
+                                    args.stats or "none")
+    else:
+        try:
+            analysis = analyze_bag(args.bag, arm.joint_names, cfg, check, stats,
+                                   intervention_source=check_source,
+                                   stats_source=args.stats or "none")
+        except BagError as exc:
+            print(f"sim2real shadow report: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
     page = write_report(analysis, args.output, args.format)
     rec = analysis.recommendation
     print(f"{page}: stage {rec.current_stage}, recommended {rec.recommended_stage}, "
           f"{analysis.metrics.steps} aligned steps, agreement "
           f"{analysis.metrics.agreement_rate}")
     return 0
+
+
+def _capture_live(duration_s: float) -> list[tuple[str, int, Any]]:
+    """Listen to the comparator's input topics on the running graph."""
+    from geometry_msgs.msg import Vector3Stamped
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import String
+
+    from sim2real_ros.ros.qos import COMMAND_QOS, EVENT_QOS, LATCHED_QOS, STATE_QOS
+    from sim2real_ros.shadow.remote import GraphClient
+    from sim2real_ros.shadow.report import TOPICS
+
+    kinds = {
+        "policy": (JointState, COMMAND_QOS), "baseline": (JointState, COMMAND_QOS),
+        "joint_states": (JointState, STATE_QOS), "confidence": (Vector3Stamped, STATE_QOS),
+        "status": (String, LATCHED_QOS), "events": (String, EVENT_QOS),
+        "transitions": (String, LATCHED_QOS), "version": (String, LATCHED_QOS),
+    }
+    specs = {k: (TOPICS[k], t, q) for k, (t, q) in kinds.items()}
+    with GraphClient("sim2real_shadow_report") as graph:
+        return graph.capture(specs, duration_s)
+

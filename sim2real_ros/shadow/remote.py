@@ -123,3 +123,25 @@ class GraphClient:
             return None
         data = json.loads(got[-1])
         return data if isinstance(data, dict) else None
+
+    def capture(
+        self, topics: dict[str, tuple[str, type, Any]], duration_s: float
+    ) -> list[tuple[str, int, Any]]:
+        """Subscribe to {key: (topic, type, qos)} for `duration_s`; return (key, t_ns, msg)."""
+        got: list[tuple[str, int, Any]] = []
+        clock = self.node.get_clock()
+
+        def keep(key: str) -> Callable[[Any], None]:
+            return lambda msg: got.append((key, clock.now().nanoseconds, msg))
+
+        subs = [self.node.create_subscription(mtype, topic, keep(key), qos)
+                for key, (topic, mtype, qos) in topics.items()]
+        try:
+            deadline = time.monotonic() + duration_s
+            while time.monotonic() < deadline:
+                self.executor.spin_once(timeout_sec=0.01)
+        finally:
+            for sub in subs:
+                self.node.destroy_subscription(sub)
+        return got
+

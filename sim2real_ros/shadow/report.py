@@ -12,7 +12,7 @@ import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -131,6 +131,29 @@ def analyze_bag(
             if key in REQUIRED:
                 raise
     by_topic = {v: k for k, v in resolved.items()}
+    messages = (
+        (by_topic[topic], t_ns, msg) for topic, t_ns, msg in read_messages(p, list(by_topic))
+    )
+    counts = {k: info.topics[v].count for k, v in resolved.items()}
+    return analyze_messages(str(p), messages, counts, joint_names, config, intervention_check,
+                            training_stats, intervention_source, stats_source)
+
+
+def analyze_messages(
+    source: str,
+    messages: Iterable[tuple[str, int, Any]],
+    topic_counts: dict[str, int],
+    joint_names: Sequence[str],
+    config: RolloutConfig,
+    intervention_check: InterventionCheck | None = None,
+    training_stats: TrainingStats | None = None,
+    intervention_source: str = "none",
+    stats_source: str = "none",
+) -> BagAnalysis:
+    """Feed (TOPICS key, receive time ns, message) in receive order through the shadow metrics.
+
+    Messages are rclpy or rosbags objects alike (same field names).
+    """
     names = list(joint_names)
     acc = ShadowAccumulator(names, config.metrics, intervention_check, training_stats)
     segments: list[Segment] = []
@@ -150,8 +173,8 @@ def analyze_bag(
         segments.append(Segment(stage or STAGES[0], version, acc.metrics()))
         acc.reset()
 
-    for topic, t_ns, msg in read_messages(p, list(resolved.values())):
-        key = by_topic[topic]
+    for key, t_ns, msg in messages:
+        topic = TOPICS[key]
         if key in ("policy", "baseline", "joint_states"):
             try:
                 arr = joint_state_to_arrays(msg, names)
@@ -200,7 +223,7 @@ def analyze_bag(
     current = stage or STAGES[0]
     gm = final.metrics.gate_metrics()
     return BagAnalysis(
-        bag=str(p),
+        bag=source,
         joint_names=names,
         stage=current,
         stage_known=stage is not None,
@@ -214,7 +237,7 @@ def analyze_bag(
         interventions=interventions,
         transitions=transitions,
         safety_events=events,
-        topic_counts={k: info.topics[v].count for k, v in resolved.items()},
+        topic_counts=topic_counts,
         intervention_source=intervention_source,
         stats_source=stats_source,
         config=config,
@@ -374,7 +397,7 @@ def _header_lines(a: BagAnalysis) -> list[str]:
                else f"stay at **{rec.current_stage}**"
                + ("" if rec.gate is None else " (gate not passed)"))
     return [
-        f"- Bag: `{a.bag}`; messages: {json.dumps(a.topic_counts)}",
+        f"- Source: `{a.bag}`; messages: {json.dumps(a.topic_counts)}",
         f"- Stage: **{a.stage}**" + ("" if a.stage_known else
                                      " (assumed: no safety_filter/status in the bag)"),
         f"- Recommendation: {verdict}",
