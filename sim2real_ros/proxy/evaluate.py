@@ -58,7 +58,8 @@ def evaluate_in_sim(
     """Run the policy on the targets in the simulator (the sim room's SimCore), chained.
 
     Same protocol as on the proxy: control at the task's rate, score from the simulated
-    measurement (what joint_states would carry), the next episode starts where this one ended.
+    measurement (what joint_states would carry), the next episode starts where this one ended
+    (at rest, with a new draw of the randomization's reset terms).
     """
     from sim2real_ros.policy.runner import PolicyRunner
     from sim2real_ros.sim.core import SimCore
@@ -72,6 +73,10 @@ def evaluate_in_sim(
         results: list[EpisodeResult] = []
         t = 0.0
         for k, target in enumerate(targets):
+            if k > 0:
+                # A new draw of the reset-mode terms per episode (as in training), with the arm
+                # left where the previous episode ended (at rest: a reset zeroes velocities).
+                obs = core.reset(q0=core.plant.state().q)
             scorer.start(k, t, target)
             while not scorer.timed_out(t):
                 if getattr(obs, "valid", True):
