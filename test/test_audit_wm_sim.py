@@ -1,4 +1,4 @@
-"""The world-model check wired to the real pieces: a SimCore bag, a calibration, a registry policy."""
+"""The world-model check on real pieces: a SimCore bag, a calibration, a registry policy."""
 
 from __future__ import annotations
 

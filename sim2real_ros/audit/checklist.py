@@ -258,9 +258,9 @@ def dynamics_row(ev: AuditEvidence, th: Thresholds, now: datetime) -> Row:
         randomized = {k: v for k, v in ev.sim.active("dynamics").items()
                       if k in DYNAMICS_AXES and v.randomized}
         evidence += [f"dynamics axis {v.describe()}" for v in randomized.values()]
-    if valid and not wm_ok:
+    if valid and wm is not None and not wm_ok:
         return Row("dynamics", AMBER,
-                   f"calibrated, but the world model disagrees on {wm.flagged_fraction:.0%} > "  # type: ignore[union-attr]
+                   f"calibrated, but the world model disagrees on {wm.flagged_fraction:.0%} > "
                    f"{th.world_model_max_flagged_fraction:.0%} of visited states", evidence,
                    ["investigate the flagged states; fit a residual model or recalibrate"])
     unit = ev.declared_unit or next(iter(units.values()), "<unit>")
@@ -436,11 +436,11 @@ def latency_row(ev: AuditEvidence, th: Thresholds) -> Row:
                    ["pass the randomization spec (--spec)"])
     model = ev.sim.latency
     lo, hi = model.total_range_s()
+    obs_ms = [v * 1e3 for v in model.observation_delay_s]
+    act_ms = [v * 1e3 for v in model.action_delay_s]
     evidence = [f"sim latency model ({model.source or ev.sim.source}): observation "
-                f"{model.observation_delay_s[0] * 1e3:.1f}-{model.observation_delay_s[1] * 1e3:.1f}"
-                f" ms, action {model.action_delay_s[0] * 1e3:.1f}-"
-                f"{model.action_delay_s[1] * 1e3:.1f} ms, jitter {model.jitter_s * 1e3:.1f} ms, "
-                f"drops {model.drop_probability:.1%}"]
+                f"{obs_ms[0]:.1f}-{obs_ms[1]:.1f} ms, action {act_ms[0]:.1f}-{act_ms[1]:.1f} ms, "
+                f"jitter p99 {model.jitter_s * 1e3:.1f} ms, drops {model.drop_probability:.1%}"]
     if model.is_zero:
         return Row("latency", RED, "the simulator assumes zero latency", evidence,
                    ["measure the loop delay (--bag or --live) and model it in the spec"])

@@ -47,7 +47,8 @@ def register(subparsers: Any) -> None:
                    help="hardware-in-the-loop run record (repeatable)")
     p.add_argument("--unit", default="", help="the unit (serial) to be deployed on")
     p.add_argument("--envelope", default="",
-                   help="the deployed safety envelope (default: shipped config/safety_envelope.yaml)")
+                   help="the deployed safety envelope (default: the shipped "
+                        "config/safety_envelope.yaml)")
     p.add_argument("--live", type=float, default=0.0, metavar="SECONDS",
                    help="listen to the running graph for SECONDS (latency, unit id, wrapper)")
     p.add_argument("--camera", choices=("auto", "used", "unused"), default="auto",

@@ -180,7 +180,7 @@ class MeasuredNoise:
 
 @dataclass(frozen=True)
 class LatencyMeasurement:
-    """Observation-to-action latency of a graph: header stamp of the observation to the arm command.
+    """Observation-to-action latency of a graph: observation header stamp to arm command.
 
     `obs_to_command_*` are from the joint_states stamp an action answers to the arrival of the
     arm command that carries it; `obs_to_policy_*` stop at the policy's command. Seconds.

@@ -250,7 +250,8 @@ def world_model_check(
     from sim2real_ros.sim.randomization import RandomizationSpec, load_calibration
 
     if not bags:
-        raise ConfigError("<command line>", "--world-model", None, "at least one --bag to learn from")
+        raise ConfigError("<command line>", "--world-model", None,
+                          "at least one --bag to learn from")
     policy, record = PolicyRegistry().load(policy_version)
     runner = PolicyRunner(policy)
     arm = runner.arm
@@ -275,8 +276,9 @@ def world_model_check(
                                    horizon, threshold_rad, compare_dims=list(range(n)))
     finally:
         core.close()
+    sim_text = f"calibrated by {calibrations[0]}" if calibrations else "uncalibrated"
     source = (f"{len(data)} transitions from {len(bags)} bag(s), policy v{record.version}, "
-              f"simulator {'calibrated by ' + calibrations[0] if calibrations else 'uncalibrated'}")
+              f"simulator {sim_text}")
     details = report.to_dict()
     details["fit_heldout_rms"] = (model.fit_report.heldout_rms.tolist()
                                   if model.fit_report else None)
