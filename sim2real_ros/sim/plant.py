@@ -5,15 +5,17 @@ randomizer perturbs (through PlantParams) and that system identification fits.
 
 Modelling choices (see docs/sim.md for the reasoning):
 - Joint servo in position mode: a PD on torque computed by us every physics step, with per-joint
-  gains scheduled from the diagonal of the nominal arm's joint-space inertia M(q)
-  (kp = M_jj·ωn², kd = 2ζ·M_jj·ωn, refreshed every `GAIN_UPDATE_STEPS` steps), in cascade form
+  gains scheduled from the inertia each joint of the nominal arm sees with the others free,
+  m_j = 1/(M(q)⁻¹)_jj (kp = m_j·ωn², kd = 2ζ·m_j·ωn, refreshed every `GAIN_UPDATE_STEPS`
+  steps), in cascade form
   so the velocity set-point is clamped at the URDF velocity limit (large steps do not wind up),
   saturated at the URDF effort limit × torque_limit_scale. No gravity feed-forward and no integral action, as in a plain drive
   position loop, so payload and mass show up as tracking error and holding torque. The applied
   (saturated) motor torque is what `PlantState.tau_nm` reports.
-- Viscous damping: -b·q̇ per joint, exact while b·dt/M_jj <= 0.5 (with the default armature
-  every joint of the shipped arm is below 0.05); above that it is limited to
-  -b·q̇ / (1 + b·dt/M_jj - 0.5) so a light link with a large damping never flips velocity sign.
+- Viscous damping: -b·q̇ per joint. It and the servo's kd are explicit, exact while
+  c = (kd + b)·dt/M_jj <= 0.5 on the actual inertia (with the default armature every joint of
+  the shipped arm is below 0.2); above that both are scaled by 1/(1 + c - 0.5), so a light link
+  with a large damping, or a drive tuned for more inertia than it drives, never flips sign.
 - Coulomb friction: PyBullet's velocity motor with zero target velocity and maximum force equal to
   the friction torque; it is solved as a constraint, so stiction holds exactly and sliding
   friction is ±F_c without chattering.
@@ -78,7 +80,7 @@ class PlantParams:
     kd_scale: np.ndarray | float = 1.0  # velocity-gain scale of the joint servo
     torque_limit_scale: np.ndarray | float = 1.0  # multiplies URDF effort limits
     motor_lag_s: np.ndarray | float = 0.0  # first-order lag of motor torque (current loop)
-    servo_bandwidth_hz: float = 10.0  # natural frequency of the position loop
+    servo_bandwidth_hz: float = 20.0  # natural frequency of the position loop
     servo_damping_ratio: float = 1.0
     gravity: np.ndarray = field(default_factory=lambda: np.array([0.0, 0.0, -9.81]))  # m/s²
     lateral_friction: float = 0.8  # contact friction coefficients of every link and object
@@ -637,23 +639,42 @@ class ArmPlant:
     def _update_gains(self) -> None:
         # The drive was tuned on the nominal arm: its gains follow the nominal inertia, so a
         # payload or a heavier arm degrades tracking as it would on a real cell.
+        # Each joint's loop is tuned for the inertia it sees with the other joints free,
+        # 1/(M⁻¹)_jj, not M_jj: at a straight arm the lift/elbow "scissor" mode is ~30x lighter
+        # than M_jj says, and gains from M_jj would put it at the edge of stability.
         full = self._full_q(self._q)
-        m_nom = np.diag(
-            np.array(pb.calculateMassMatrix(self._nominal_body, full, physicsClientId=self._nc))
-        )[self._dof]
-        m_act = np.diag(
-            np.array(pb.calculateMassMatrix(self._body, full, physicsClientId=self._client))
-        )[self._dof]
+        m_nom = self._free_inertia(
+            pb.calculateMassMatrix(self._nominal_body, full, physicsClientId=self._nc))
+        m_act = self._free_inertia(
+            pb.calculateMassMatrix(self._body, full, physicsClientId=self._client))
         self._m_diag = np.maximum(m_act, 1e-9)
         m_nom = np.maximum(m_nom, 1e-9)
         self._kp = self._kp_per_inertia * m_nom
         self._kd = self._kd_per_inertia * m_nom
-        self._kp_l, self._kd_l = self._kp.tolist(), self._kd.tolist()
-        # Explicit -b·q̇ is exact in steady state (what a fitter sees) and monotone while
-        # c = b·dt/M_jj <= 0.5; beyond that it is limited so a velocity never flips sign.
-        c = self._damping * self.physics_dt_s / self._m_diag
-        self._damp_eff = self._damping / (1.0 + np.maximum(c - 0.5, 0.0))
+        # All velocity feedback a joint gets in one step (servo kd + viscous b) is explicit. It
+        # is exact in steady state (what a fitter sees) and monotone while
+        # c = (kd + b)·dt/M_jj <= 0.5 on the actual inertia; beyond that (a light link, a
+        # drive tuned for more inertia than it drives) both are scaled down so a velocity
+        # never flips sign from one step to the next. With the default armature no joint of
+        # the shipped arm reaches the limit.
+        c = (self._kd + self._damping) * self.physics_dt_s / self._m_diag
+        scale = 1.0 / (1.0 + np.maximum(c - 0.5, 0.0))
+        self._damp_eff = self._damping * scale
+        kd_eff = self._kd * scale
+        self._kp_l = (self._kp * scale).tolist()
+        self._kd_l = kd_eff.tolist()
+        # Position-loop gain of the cascade (1/s): kp/kd.
+        self._kpos_l = np.where(self._kd > 0, self._kp / np.maximum(self._kd, 1e-300), 0.0).tolist()
         self._damp_l = self._damp_eff.tolist()
+
+    def _free_inertia(self, mass_matrix: Any) -> np.ndarray:
+        """Return 1/(M⁻¹)_jj for the chain joints: the inertia each sees with the others free."""
+        m = np.asarray(mass_matrix, dtype=float)
+        try:
+            inv_diag = np.diag(np.linalg.inv(m))[self._dof]
+        except np.linalg.LinAlgError:
+            return np.diag(m)[self._dof]
+        return 1.0 / np.maximum(inv_diag, 1e-12)
 
     def enable_history(self, seconds: float) -> None:
         """Keep the pre-step state of every physics step for `seconds` (for delayed sensors)."""
@@ -705,7 +726,7 @@ class ArmPlant:
                 if states is not None:
                     self._q = np.array([states[j][0] for j in rj])
                 self._update_gains()
-            kp, kd, damp = self._kp_l, self._kd_l, self._damp_l
+            kp, kd, kpos, damp = self._kp_l, self._kd_l, self._kpos_l, self._damp_l
             states = get_states(body, read, physicsClientId=c)
             tau = []
             forces = []
@@ -715,7 +736,7 @@ class ArmPlant:
                     # Cascade form of the PD: position loop -> velocity set-point clamped at
                     # the joint's velocity limit -> velocity loop. Identical to
                     # kp·e - kd·q̇ until the clamp, which stops large steps winding up.
-                    v = kp[j] * (target[j] - qj) / kd[j] if kd[j] > 0 else 0.0
+                    v = kpos[j] * (target[j] - qj)
                     vl = vmax[j]
                     if v > vl:
                         v = vl
