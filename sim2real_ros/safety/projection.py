@@ -1,0 +1,769 @@
+"""Bounded action projection: every emitted command lies inside the safety envelope.
+
+Position and velocity commands are treated as one sampled trajectory per joint. With the control
+period dt, the emitted sequence c_k defines the finite differences the drive sees:
+v_k = (c_k - c_{k-1}) / dt, a_k = (v_k - v_{k-1}) / dt, j_k = (a_k - a_{k-1}) / dt. The projector
+chooses, per joint, the jerk closest to the one the request implies such that
+
+* |j_k| <= J, |a_k| <= A, |v_k| <= V and lo <= c_k <= hi (the envelope, scaled in `limited`), and
+* the new state is *viable*: a jerk-limited brake from it stops inside [lo, hi] without exceeding
+  V. That is what makes the limits satisfiable at every later step: a projector that only clips
+  positions and rates runs into a position limit faster than its acceleration can stop it.
+
+The Cartesian limits couple the joints. The tool must stay inside the workspace box and its speed
+under the maximum; both are checked on the forward kinematics of the candidate with a reserve for
+the braking distance still ahead, and when the candidate fails, every joint brakes instead (the
+projector keeps the previous safe trajectory and stops along it; an instant hold would itself
+break the acceleration and jerk limits). Wrench commands are clipped per axis and by norm; effort
+commands to the effort limits. Invalid input (NaN, infinities, wrong lengths, unknown or repeated
+joint names, zero/negative/non-finite dt) never raises: the command is rejected, the joints brake,
+and an event says why. Deterministic: no randomness, no clocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sim2real_ros.robot.model import ArmModel
+from sim2real_ros.safety.envelope import Envelope, ForceLimits
+from sim2real_ros.safety.events import INTERVENTION, INVALID_COMMAND, INVALID_INPUT, SafetyEvent
+from sim2real_ros.safety.kinematics import ToolKinematics
+
+POSITION, VELOCITY, EFFORT = "position", "velocity", "effort"
+MODES = (POSITION, VELOCITY, EFFORT)
+
+# Internal limits sit this fraction inside the envelope so float rounding of the finite
+# differences (a jerk is a third difference divided by dt^3) never reads as a violation.
+_SHRINK = 1e-6
+# Commands within this of the request are not an intervention.
+_TOL_ABS = 1e-9
+_BISECT_STEPS = 14
+_CARTESIAN_STEPS = 5
+# Gains of the recovery cascade, per control period (stable for any dt), and the share of the
+# next derivative's limit its square-root laws may plan with (the rest absorbs the lag).
+_POS_GAIN = 0.08
+_VEL_GAIN = 0.25
+_LIMIT_SHARE = 0.5
+# Accepted control periods relative to the nominal one; outside, the nominal period is used.
+DT_MIN_FRACTION = 0.5
+DT_MAX_FRACTION = 2.0
+
+
+@dataclass
+class Projection:
+    """One projected command and what the projector did to it."""
+
+    command: list[float]
+    mode: str
+    dt_s: float
+    accepted: bool  # False: the input was rejected and the joints brake
+    intervened: bool  # True: the emitted command differs from the (valid) request
+    events: list[SafetyEvent] = field(default_factory=list)
+    braking: bool = False  # the Cartesian check failed (or input invalid): all joints brake
+
+
+@dataclass
+class WrenchProjection:
+    """A commanded wrench clipped to the commanded-force limits."""
+
+    wrench: list[float]
+    accepted: bool
+    intervened: bool
+    events: list[SafetyEvent] = field(default_factory=list)
+
+
+def _d0(v: float, amax: float, jmax: float) -> float:
+    """Distance to stop from velocity v >= 0 at zero acceleration (jerk-limited brake)."""
+    if v * jmax < amax * amax:
+        return v * math.sqrt(v / jmax)
+    return 0.5 * v * (v / amax + amax / jmax)
+
+
+def excursion_up(v: float, a: float, amax: float, jmax: float) -> float:
+    """Furthest travel in + direction while braking as hard as the limits allow from (v, a)."""
+    if v < 0.0:
+        if a <= 0.0:
+            return 0.0
+        disc = a * a + 2.0 * jmax * v
+        if disc <= 0.0:
+            return 0.0  # the velocity never turns positive while the acceleration ramps down
+        # Continue from the instant the velocity crosses zero, acceleration still positive.
+        v, a = 0.0, math.sqrt(disc)
+    if a >= 0.0:
+        v0 = v + a * a / (2.0 * jmax)
+        return v * a / jmax + a * a * a / (3.0 * jmax * jmax) + _d0(v0, amax, jmax)
+    if a * a <= 2.0 * jmax * v:
+        # On the braking profile that started from (v0, 0): subtract the part already done.
+        v0 = v + a * a / (2.0 * jmax)
+        t = -a / jmax
+        return max(0.0, _d0(v0, amax, jmax) - (v0 * t - jmax * t * t * t / 6.0))
+    # Decelerating harder than needed: the velocity reaches zero while the jerk is +J.
+    t = (-a - math.sqrt(a * a - 2.0 * jmax * v)) / jmax
+    return max(0.0, v * t + 0.5 * a * t * t + jmax * t * t * t / 6.0)
+
+
+def peak_velocity_up(v: float, a: float, jmax: float) -> float:
+    """Highest velocity reached while the acceleration is ramped to zero at the jerk limit."""
+    return v + a * a / (2.0 * jmax) if a > 0.0 else v
+
+
+class _Joint:
+    """Per-joint limits as plain floats (the hot path reads attributes, not arrays)."""
+
+    __slots__ = ("name", "lo", "hi", "env_lo", "env_hi", "vmax", "amax", "jmax", "effort",
+                 "reserve", "fast_lo", "fast_hi", "vel_fast", "inv_j", "inv_2j", "inv_3j2",
+                 "inv_2a", "a_over_2j")
+
+    def __init__(self, name: str, lo: float, hi: float, vmax: float, amax: float, jmax: float,
+                 effort: float, dt_max: float) -> None:
+        self.name = name
+        self.env_lo, self.env_hi = lo, hi
+        self.vmax = vmax * (1.0 - _SHRINK)
+        self.amax = amax * (1.0 - _SHRINK)
+        self.jmax = jmax * (1.0 - _SHRINK)
+        self.effort = effort
+        # Braking reserve: the discrete brake can differ from the continuous one by about one
+        # jerk step at each of its phase switches.
+        self.reserve = 2.0 * jmax * dt_max ** 3 + 1e-6 + _SHRINK * (abs(lo) + abs(hi))
+        half = 0.5 * (hi - lo)
+        self.reserve = min(self.reserve, 0.25 * half)
+        self.lo, self.hi = lo + self.reserve, hi - self.reserve
+        # A state farther than the longest possible brake from both limits is viable for
+        # position without evaluating the brake (the common case, the fast path).
+        dmax = excursion_up(self.vmax, self.amax, self.amax, self.jmax)
+        self.fast_lo, self.fast_hi = self.lo + dmax, self.hi - dmax
+        self.vel_fast = self.vmax - self.amax * self.amax / (2.0 * self.jmax)
+        # Constants of the closed-form excursion bound used by the Cartesian fast path.
+        self.inv_j = 1.0 / self.jmax
+        self.inv_2j = 0.5 / self.jmax
+        self.inv_3j2 = 1.0 / (3.0 * self.jmax * self.jmax)
+        self.inv_2a = 0.5 / self.amax
+        self.a_over_2j = 0.5 * self.amax / self.jmax
+
+
+def _violation_up(jt: _Joint, x: float, v: float, a: float, j: float, dt: float) -> float:
+    """How far the successor under jerk j breaks the upper position/velocity viability (<=0 ok)."""
+    a2 = a + j * dt
+    v2 = v + a2 * dt
+    x2 = x + v2 * dt
+    return max(x2 + excursion_up(v2, a2, jt.amax, jt.jmax) - jt.hi,
+               (peak_velocity_up(v2, a2, jt.jmax) - jt.vmax) * dt)
+
+
+def _violation_low(jt: _Joint, x: float, v: float, a: float, j: float, dt: float) -> float:
+    """How far the successor under jerk j breaks the lower position/velocity viability (<=0 ok)."""
+    a2 = a + j * dt
+    v2 = v + a2 * dt
+    x2 = x + v2 * dt
+    return max(jt.lo - (x2 - excursion_up(-v2, -a2, jt.amax, jt.jmax)),
+               (peak_velocity_up(-v2, -a2, jt.jmax) - jt.vmax) * dt)
+
+
+def _viable_jerk(jt: _Joint, x: float, v: float, a: float, jd: float, dt: float) -> float:
+    """Return the jerk closest to jd that keeps the joint viable (least violation if none does)."""
+    amax, jmax = jt.amax, jt.jmax
+    jlo = max(-jmax, (-amax - a) / dt)
+    jhi = min(jmax, (amax - a) / dt)
+    if jlo > jhi:
+        # |a| > A: only possible after the envelope was scaled down; reduce |a| at the jerk limit.
+        jlo = jhi = -jmax if a > 0.0 else jmax
+    j = jd if jlo <= jd <= jhi else (jlo if jd < jlo else jhi)
+    a2 = a + j * dt
+    v2 = v + a2 * dt
+    x2 = x + v2 * dt
+    # Fast path: far from both limits and slow enough that no brake can break a limit.
+    if jt.fast_lo <= x2 <= jt.fast_hi and abs(v2) + a2 * a2 / (2.0 * jmax) <= jt.vel_fast:
+        return j
+    up = _violation_up(jt, x, v, a, j, dt)
+    low = _violation_low(jt, x, v, a, j, dt)
+    if up <= 0.0 and low <= 0.0:
+        return j
+    if up > 0.0:
+        if _violation_up(jt, x, v, a, jlo, dt) > 0.0:
+            j = jlo
+        else:
+            j = _bisect(lambda jj: _violation_up(jt, x, v, a, jj, dt) <= 0.0, jlo, j)
+        if _violation_low(jt, x, v, a, j, dt) <= 0.0:
+            return j
+    else:
+        if _violation_low(jt, x, v, a, jhi, dt) > 0.0:
+            j = jhi
+        else:
+            j = _bisect(lambda jj: _violation_low(jt, x, v, a, jj, dt) <= 0.0, jhi, j)
+        if _violation_up(jt, x, v, a, j, dt) <= 0.0:
+            return j
+    # Both sides cannot be satisfied (a state left non-viable by a scale change): minimise the
+    # larger violation; the upper one rises and the lower one falls with j.
+    lo_j, hi_j = jlo, jhi
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (lo_j + hi_j)
+        if _violation_up(jt, x, v, a, mid, dt) > _violation_low(jt, x, v, a, mid, dt):
+            hi_j = mid
+        else:
+            lo_j = mid
+    return 0.5 * (lo_j + hi_j)
+
+
+def sqrt_controller(error: float, gain: float, second_order_limit: float, dt: float) -> float:
+    """Proportional near zero, square root far away: reaches zero error without overshoot.
+
+    The correction a limited next derivative can take back in time (ArduPilot's
+    sqrt_controller): for a position error, the velocity from which the acceleration limit
+    still stops at the target; for a velocity error, the acceleration the jerk limit can undo.
+    """
+    linear = second_order_limit / (gain * gain)
+    if error > linear:
+        c = math.sqrt(2.0 * second_order_limit * (error - 0.5 * linear))
+    elif error < -linear:
+        c = -math.sqrt(2.0 * second_order_limit * (-error - 0.5 * linear))
+    else:
+        c = error * gain
+    lim = abs(error) / dt
+    return c if -lim <= c <= lim else (lim if c > 0.0 else -lim)
+
+
+def _bisect(ok: object, good: float, bad: float) -> float:
+    """Move from a jerk that satisfies `ok` towards one that does not; return the last good one."""
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (good + bad)
+        if ok(mid):  # type: ignore[operator]
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _brake_jerk(jt: _Joint, v: float, a: float, dt: float) -> float:
+    """Jerk of the hardest jerk-limited stop from (v, a), as one constant step of length dt."""
+    amax, jmax = jt.amax, jt.jmax
+    jlo = max(-jmax, (-amax - a) / dt)
+    jhi = min(jmax, (amax - a) / dt)
+    if jlo > jhi:
+        return -jmax if a > 0.0 else jmax
+    # Settle: close enough to rest to stop exactly in two steps.
+    if abs(v) <= 0.5 * jmax * dt * dt and abs(a) <= 0.5 * jmax * dt:
+        j = (-v / dt - a) / dt
+        return min(max(j, jlo), jhi)
+    s = 1.0 if (v > 0.0 or (v == 0.0 and a > 0.0)) else -1.0
+    vs, as_ = s * v, s * a
+    if as_ < 0.0 and as_ * as_ >= 2.0 * jmax * vs:
+        jm = as_ * as_ / (2.0 * vs) if vs > 0.0 else jmax  # final ramp back to zero acceleration
+    elif as_ <= -amax:
+        jm = 0.0
+    else:
+        jm = -jmax
+    j = s * min(jm, jmax)
+    return min(max(j, jlo), jhi)
+
+
+class Projector:
+    """Projects joint, effort and wrench commands into an envelope; keeps the command state."""
+
+    def __init__(self, envelope: Envelope, arm: ArmModel, period_s: float, scale: float = 1.0,
+                 box_margin_m: float = 0.002, tool_speed_margin: float = 0.02) -> None:
+        if envelope.joint_names != arm.joint_names:
+            raise ValueError(f"envelope joints {envelope.joint_names} != arm joints "
+                             f"{arm.joint_names}")
+        if not (math.isfinite(period_s) and period_s > 0.0):
+            raise ValueError(f"period_s must be a positive number, got {period_s!r}")
+        self.envelope = envelope
+        self.arm = arm
+        self.joint_names = list(envelope.joint_names)
+        self.n = len(self.joint_names)
+        self._index = {n: i for i, n in enumerate(self.joint_names)}
+        self.period_s = float(period_s)
+        self.dt_min_s = DT_MIN_FRACTION * self.period_s
+        self.dt_max_s = DT_MAX_FRACTION * self.period_s
+        self.kin = ToolKinematics(arm, envelope.tool_link)
+        self._static_levers = self.kin.static_lever_arms_m
+        self._box_margin = box_margin_m
+        self._tool_speed_margin = tool_speed_margin
+        self._box_lo = list(envelope.box_min_m)
+        self._box_hi = list(envelope.box_max_m)
+        self.effort_hold_kp = [min(200.0, j.effort_nm / 0.2) for j in envelope.joints]
+        self.effort_hold_kd = [0.1 * kp for kp in self.effort_hold_kp]
+        self.scale = 1.0
+        self.set_scale(scale)
+        # Command state: last emitted positions and their finite-difference rates.
+        self.x = [0.0] * self.n
+        self.v = [0.0] * self.n
+        self.a = [0.0] * self.n
+        self.initialized = False
+        self._r_prev: list[float | None] = [None] * self.n
+        self._r_prev2: list[float | None] = [None] * self.n
+        self._synced = [False] * self.n
+        self.last_effort = [0.0] * self.n
+        self._levers = [0.0] * self.n
+        self._exc = [0.0] * self.n
+        self._w = [0.0] * self.n
+        # Cache of the last forward kinematics: configuration, tool position, box distance.
+        self._fk_q: list[float] | None = None
+        self._fk_dist = -math.inf
+
+    # -- configuration -------------------------------------------------------------------
+    def set_scale(self, scale: float) -> None:
+        """Scale rates, efforts, tool speed and commanded wrench (rollout stage `limited`)."""
+        if not (math.isfinite(scale) and 0.0 < scale <= 1.0):
+            raise ValueError(f"scale must be in (0, 1], got {scale!r}")
+        self.scale = float(scale)
+        self.joints = [
+            _Joint(j.name, j.lower_rad, j.upper_rad, j.velocity_rad_s * scale,
+                   j.acceleration_rad_s2 * scale, j.jerk_rad_s3 * scale, j.effort_nm * scale,
+                   self.dt_max_s)
+            for j in self.envelope.joints
+        ]
+        self.max_tool_speed_m_s = self.envelope.max_tool_speed_m_s * scale
+        c = self.envelope.commanded
+        self.commanded = ForceLimits(
+            c.max_force_n * scale, c.max_torque_nm * scale,
+            tuple(f * scale for f in c.max_force_per_axis_n),  # type: ignore[arg-type]
+            tuple(t * scale for t in c.max_torque_per_axis_nm),  # type: ignore[arg-type]
+        )
+
+    def reset(self, position: Sequence[float] | None = None) -> bool:
+        """Restart the command trajectory at rest at `position` (clamped into the envelope)."""
+        if position is None or len(position) != self.n or not all(
+                math.isfinite(p) for p in position):
+            return False
+        self.x = [min(max(float(p), jt.lo), jt.hi) for p, jt in zip(position, self.joints)]
+        self.v = [0.0] * self.n
+        self.a = [0.0] * self.n
+        self.initialized = True
+        self._fk_q = None
+        self._r_prev = [None] * self.n
+        self._r_prev2 = [None] * self.n
+        self._synced = [False] * self.n
+        return True
+
+    # -- input checks --------------------------------------------------------------------
+    def order(self, names: Sequence[str] | None, values: Sequence[float]) -> list[float] | str:
+        """Return values in joint order, or the reason the command is invalid."""
+        try:
+            n = len(values)
+        except TypeError:
+            return "values is not a sequence"
+        if names is None or names is self.joint_names or names == self.joint_names:
+            if n != self.n:
+                return f"expected {self.n} values, got {n}"
+            try:
+                out = [float(v) for v in values]
+            except (TypeError, ValueError):
+                return "values are not numbers"
+        else:
+            try:
+                if len(names) != n:
+                    return f"{len(names)} names for {n} values"
+                distinct = len(set(names))
+            except TypeError:
+                return "names are not a sequence of strings"
+            if distinct != len(names):
+                return f"duplicate joint names {list(names)}"
+            unknown = [nm for nm in names if nm not in self._index]
+            if unknown:
+                return f"unknown joints {unknown}"
+            if n != self.n:
+                missing = [nm for nm in self.joint_names if nm not in names]
+                return f"missing joints {missing}"
+            out = [0.0] * self.n
+            idx = self._index
+            try:
+                for nm, val in zip(names, values):
+                    out[idx[nm]] = float(val)
+            except (TypeError, ValueError):
+                return "values are not numbers"
+        for i, val in enumerate(out):
+            if not math.isfinite(val):
+                return f"non-finite value {val} for {self.joint_names[i]}"
+        return out
+
+    def _dt(self, dt_s: float, events: list[SafetyEvent]) -> float:
+        try:
+            if self.dt_min_s <= dt_s <= self.dt_max_s:
+                return dt_s
+            dt = float(dt_s)
+        except (TypeError, ValueError):
+            dt = math.nan
+        events.append(SafetyEvent(INVALID_INPUT, "dt", "", dt,
+                                  f"dt {dt!r} s outside [{self.dt_min_s}, {self.dt_max_s}]; "
+                                  f"using the nominal {self.period_s} s"))
+        return self.period_s
+
+    def _measured(self, measured: Sequence[float] | None) -> list[float] | None:
+        if measured is None:
+            return None
+        try:
+            if len(measured) != self.n:
+                return None
+            m = [float(v) for v in measured]
+        except (TypeError, ValueError):
+            return None
+        return m if all(math.isfinite(v) for v in m) else None
+
+    # -- position and velocity commands -------------------------------------------------
+    def project_position(self, names: Sequence[str] | None, values: Sequence[float],
+                         dt_s: float, measured: Sequence[float] | None = None) -> Projection:
+        """Project a joint position command (rad); `measured` starts the trajectory if needed."""
+        events: list[SafetyEvent] = []
+        dt = self._dt(dt_s, events)
+        if not self.initialized and not self.reset(self._measured(measured)):
+            return self._uninitialized(POSITION, dt, events)
+        req = self.order(names, values)
+        if isinstance(req, str):
+            events.append(SafetyEvent(INVALID_COMMAND, "input", "", math.nan, req))
+            return self._brake_all(POSITION, dt, events, accepted=False)
+        x, v, a, joints = self.x, self.v, self.a, self.joints
+        r_prev, r_prev2, synced = self._r_prev, self._r_prev2, self._synced
+        dt2, dt3 = dt * dt, dt * dt * dt
+        jerks = [0.0] * self.n
+        for i in range(self.n):
+            jt = joints[i]
+            r = req[i]
+            xi, vi, ai = x[i], v[i], a[i]
+            # Exact tracking when one admissible jerk lands on the request and leaves the
+            # command moving like the request (else the next step could not follow): a stream
+            # that respects the envelope passes unchanged. Otherwise a stable cascade catches up.
+            vr, ar = self._request_rates(i, jt, r, dt)
+            jd = (r - xi - vi * dt - ai * dt2) / dt3
+            a2 = ai + jd * dt
+            v2 = vi + a2 * dt
+            if not (-jt.jmax <= jd <= jt.jmax and -jt.amax <= a2 <= jt.amax
+                    and -jt.vmax <= v2 <= jt.vmax
+                    and (synced[i] or (abs(v2 - vr) <= 0.5 * jt.jmax * dt2
+                                       and abs(a2 - ar) <= 0.5 * jt.jmax * dt))):
+                jd = self._track(jt, r, vr, ar, xi, vi, ai, dt)
+            jerks[i] = _viable_jerk(jt, xi, vi, ai, jd, dt)
+            r_prev2[i] = r_prev[i]
+            r_prev[i] = r
+        result = self._finish(POSITION, req, jerks, dt, events, x_base=x)
+        out = result.command
+        for i in range(self.n):
+            synced[i] = abs(out[i] - req[i]) <= _TOL_ABS * (1.0 + abs(req[i]))
+        return result
+
+    def project_velocity(self, names: Sequence[str] | None, values: Sequence[float],
+                         dt_s: float, measured: Sequence[float] | None = None) -> Projection:
+        """Project a joint velocity command (rad/s) from the measured positions."""
+        events: list[SafetyEvent] = []
+        dt = self._dt(dt_s, events)
+        m = self._measured(measured)
+        if not self.initialized and not self.reset(m):
+            return self._uninitialized(VELOCITY, dt, events)
+        # Velocity commands integrate on the arm: the position reference is the measured one
+        # (or, without a valid measurement, the projector's own prediction).
+        base = m if m is not None else self.x
+        req = self.order(names, values)
+        if isinstance(req, str):
+            events.append(SafetyEvent(INVALID_COMMAND, "input", "", math.nan, req))
+            return self._brake_all(VELOCITY, dt, events, accepted=False, x_base=base)
+        v, a, joints = self.v, self.a, self.joints
+        jerks = [0.0] * self.n
+        for i in range(self.n):
+            jt = joints[i]
+            jd = ((req[i] - v[i]) / dt - a[i]) / dt
+            if not (-jt.jmax <= jd <= jt.jmax and -jt.amax <= a[i] + jd * dt <= jt.amax):
+                ad = sqrt_controller(req[i] - v[i], _VEL_GAIN / dt, jt.jmax * _LIMIT_SHARE, dt)
+                jd = (ad - a[i]) / dt
+            jerks[i] = _viable_jerk(jt, base[i], v[i], a[i], jd, dt)
+        return self._finish(VELOCITY, req, jerks, dt, events, x_base=base)
+
+    def brake(self, dt_s: float, mode: str = POSITION,
+              measured: Sequence[float] | None = None) -> Projection:
+        """Stop every joint as hard as the limits allow and hold (hold, fallback, e-stop)."""
+        events: list[SafetyEvent] = []
+        dt = self._dt(dt_s, events)
+        m = self._measured(measured)
+        if not self.initialized and not self.reset(m):
+            return self._uninitialized(mode, dt, events)
+        base = m if (mode == VELOCITY and m is not None) else self.x
+        return self._brake_all(mode, dt, events, accepted=True, x_base=base)
+
+    def _uninitialized(self, mode: str, dt: float, events: list[SafetyEvent]) -> Projection:
+        events.append(SafetyEvent(INVALID_INPUT, "measured_state", "", math.nan,
+                                  "no valid measured state to start the command trajectory"))
+        return Projection([], mode, dt, accepted=False, intervened=True, events=events,
+                          braking=True)
+
+    def _brake_all(self, mode: str, dt: float, events: list[SafetyEvent], accepted: bool,
+                   x_base: list[float] | None = None) -> Projection:
+        base = x_base if x_base is not None else self.x
+        proj = self._commit(mode, self._brake_jerks(dt, base), dt, base)
+        return Projection(proj, mode, dt, accepted=accepted, intervened=True, events=events,
+                          braking=True)
+
+    def _request_rates(self, i: int, jt: _Joint, r: float, dt: float) -> tuple[float, float]:
+        """Velocity and acceleration of the request stream (zero after a reset or a jump)."""
+        r1, r2 = self._r_prev[i], self._r_prev2[i]
+        if r1 is None:
+            return 0.0, 0.0
+        vr = (r - r1) / dt
+        ar = 0.0 if r2 is None else (vr - (r1 - r2) / dt) / dt
+        if not (-jt.vmax <= vr <= jt.vmax and -jt.amax <= ar <= jt.amax):
+            return 0.0, 0.0
+        return vr, ar
+
+    def _track(self, jt: _Joint, r: float, vr: float, ar: float, x: float, v: float, a: float,
+               dt: float) -> float:
+        """Jerk of a stable cascade (position -> velocity -> acceleration) towards a request."""
+        # The request's own velocity and acceleration are fed forward and the errors are taken
+        # after the feed-forward step, so on a tracked stream both errors are zero.
+        vd = vr + sqrt_controller(r - x - vr * dt, _POS_GAIN / dt, jt.amax * _LIMIT_SHARE, dt)
+        vd = min(max(vd, -jt.vmax), jt.vmax)
+        ad = ar + sqrt_controller(vd - v - ar * dt, _VEL_GAIN / dt, jt.jmax * _LIMIT_SHARE, dt)
+        ad = min(max(ad, -jt.amax), jt.amax)
+        return (ad - a) / dt
+
+    def _brake_jerks(self, dt: float, x_base: list[float]) -> list[float]:
+        """Per joint, the hardest stop that still keeps the joint's own limits satisfiable."""
+        return [_viable_jerk(jt, x_base[i], self.v[i], self.a[i],
+                             _brake_jerk(jt, self.v[i], self.a[i], dt), dt)
+                for i, jt in enumerate(self.joints)]
+
+    def _finish(self, mode: str, req: list[float], jerks: list[float], dt: float,
+                events: list[SafetyEvent], x_base: list[float]) -> Projection:
+        """Check the Cartesian limits for the candidate, commit it (or brake), report."""
+        n, joints = self.n, self.joints
+        v, a = self.v, self.a
+        x2 = [0.0] * n
+        v2 = [0.0] * n
+        a2 = [0.0] * n
+        for i in range(n):
+            ai = a[i] + jerks[i] * dt
+            vi = v[i] + ai * dt
+            a2[i], v2[i] = ai, vi
+            x2[i] = x_base[i] + vi * dt
+        reason = self._cartesian_violation(x_base, x2, v2, a2)
+        v_prev, a_prev = list(v), list(a)
+        braking = False
+        if reason is not None:
+            braking = True
+            limit, excess, detail = reason
+            events.append(SafetyEvent(INTERVENTION, limit, "", excess, detail))
+            # Blend from the candidate towards the brake: keep as much of the request as the
+            # Cartesian limits allow (a full brake when nothing else passes).
+            brake = self._brake_jerks(dt, x_base)
+            good, bad = 0.0, 1.0
+            for _ in range(_CARTESIAN_STEPS):
+                mid = 0.5 * (good + bad)
+                trial = [b + mid * (c - b) for b, c in zip(brake, jerks)]
+                for i in range(n):
+                    ai = a[i] + trial[i] * dt
+                    vi = v[i] + ai * dt
+                    a2[i], v2[i] = ai, vi
+                    x2[i] = x_base[i] + vi * dt
+                if self._cartesian_violation(x_base, x2, v2, a2) is None:
+                    good = mid
+                else:
+                    bad = mid
+            jerks = [b + good * (c - b) for b, c in zip(brake, jerks)]
+        out = self._commit(mode, jerks, dt, x_base)
+        intervened = braking
+        for i in range(n):
+            if abs(out[i] - req[i]) > _TOL_ABS * (1.0 + abs(req[i])):
+                intervened = True
+                if not braking:
+                    events.append(self._why(i, req[i], out[i], x_base[i], v_prev[i],
+                                            a_prev[i], mode, dt))
+        return Projection(out, mode, dt, accepted=True, intervened=intervened, events=events,
+                          braking=braking)
+
+    def _commit(self, mode: str, jerks: list[float], dt: float, x_base: list[float]
+                ) -> list[float]:
+        """Apply jerks; keep the state equal to the finite differences of what is emitted."""
+        x, v, a = self.x, self.v, self.a
+        out = [0.0] * self.n
+        for i in range(self.n):
+            ai = a[i] + jerks[i] * dt
+            vi = v[i] + ai * dt
+            xi = x_base[i] + vi * dt
+            if mode == VELOCITY:
+                out[i] = vi
+                x[i] = xi
+                a[i] = (vi - v[i]) / dt
+                v[i] = vi
+            else:
+                out[i] = xi
+                vn = (xi - x[i]) / dt
+                a[i] = (vn - v[i]) / dt
+                v[i] = vn
+                x[i] = xi
+        return out
+
+    def _cartesian_violation(self, x1: list[float], x2: list[float], v2: list[float],
+                             a2: list[float]) -> tuple[str, float, str] | None:
+        """Return (limit, excess, detail) if the candidate may leave the box or exceed tool speed.
+
+        Both keep a braking reserve. Let E_i bound how far joint i may still travel (its
+        braking distance) and w_i the largest speed it reaches while braking. Rotating joint i
+        by E_i moves the tool by at most L_i * E_i, where L_i is i's lever arm (distance from
+        its axis to the tool) now plus what the joints after it can add while braking:
+        L_k = r_k + sum_{i>k} L_i * E_i, with r_k exact from the kinematics. The tool stays in
+        the box if it is sum_k L_k * E_k inside it, and its speed stays below sum_k L_k * w_k.
+        A first pass reuses the lever arms and box distance of the last kinematics evaluation
+        (adding the joint motion since then to E); only if that cannot certify the candidate
+        are the kinematics evaluated at the candidate.
+        """
+        joints = self.joints
+        n = self.n
+        q0 = self._fk_q
+        speed_max = self.max_tool_speed_m_s * (1.0 - self._tool_speed_margin)
+        exc, w, levers = self._exc, self._w, self._levers
+        if q0 is not None:
+            for i in range(n):
+                jt = joints[i]
+                vi = abs(v2[i])
+                ai = abs(a2[i])
+                wi = vi + ai * ai * jt.inv_2j
+                e = vi * ai * jt.inv_j + ai * ai * ai * jt.inv_3j2 + wi * (
+                    wi * jt.inv_2a + jt.a_over_2j)
+                step = abs(x2[i] - x1[i])
+                exc[i] = (e if e > step else step) + abs(x2[i] - q0[i])
+                w[i] = wi
+            speed = tail = 0.0
+            for k in range(n - 1, -1, -1):
+                lk = levers[k] + tail
+                speed += lk * w[k]
+                tail += lk * exc[k]
+            if speed <= speed_max and self._fk_dist - tail >= self._box_margin:
+                return None
+        for i in range(n):
+            jt = joints[i]
+            vi, ai = v2[i], a2[i]
+            e_up = excursion_up(vi, ai, jt.amax, jt.jmax)
+            e_dn = excursion_up(-vi, -ai, jt.amax, jt.jmax)
+            e = e_up if e_up > e_dn else e_dn
+            step = abs(x2[i] - x1[i])
+            exc[i] = e if e > step else step
+            w[i] = max(abs(vi), peak_velocity_up(vi, ai, jt.jmax),
+                       peak_velocity_up(-vi, -ai, jt.jmax))
+        px, py, pz = self.kin.tool_position_and_levers(x2, levers)
+        lo, hi = self._box_lo, self._box_hi
+        dist = min(px - lo[0], hi[0] - px, py - lo[1], hi[1] - py, pz - lo[2], hi[2] - pz)
+        self._fk_q = list(x2)
+        self._fk_dist = dist
+        speed = tail = 0.0
+        for k in range(n - 1, -1, -1):
+            lk = levers[k] + tail
+            speed += lk * w[k]
+            tail += lk * exc[k]
+        if dist < tail + self._box_margin:
+            return ("workspace", tail + self._box_margin - dist,
+                    f"tool at ({px:.3f}, {py:.3f}, {pz:.3f}) m is {dist:.4f} m inside the box; "
+                    f"braking may need {tail:.4f} m")
+        if speed > speed_max:
+            return ("tool_speed", speed - speed_max,
+                    f"tool speed bound {speed:.4f} m/s > {speed_max:.4f} m/s")
+        return None
+
+    def _why(self, i: int, req: float, out: float, x_prev: float, v_prev: float,
+             a_prev: float, mode: str, dt: float) -> SafetyEvent:
+        """Name the first limit (position, velocity, acceleration, jerk) a request broke."""
+        jt = self.joints[i]
+        name = self.joint_names[i]
+        if mode == POSITION:
+            if req > jt.env_hi:
+                return SafetyEvent(INTERVENTION, "position", name, req - jt.env_hi)
+            if req < jt.env_lo:
+                return SafetyEvent(INTERVENTION, "position", name, jt.env_lo - req)
+            v_req = (req - x_prev) / dt
+        else:
+            v_req = req
+        if abs(v_req) > jt.vmax:
+            return SafetyEvent(INTERVENTION, "velocity", name, abs(v_req) - jt.vmax)
+        a_req = (v_req - v_prev) / dt
+        if abs(a_req) > jt.amax:
+            return SafetyEvent(INTERVENTION, "acceleration", name, abs(a_req) - jt.amax)
+        j_req = (a_req - a_prev) / dt
+        if abs(j_req) > jt.jmax:
+            return SafetyEvent(INTERVENTION, "jerk", name, abs(j_req) - jt.jmax)
+        return SafetyEvent(INTERVENTION, "braking", name, abs(out - req),
+                           "request within the rate limits but not stoppable inside the "
+                           "envelope from where it leads")
+
+    # -- effort and wrench commands -------------------------------------------------------
+    def project_effort(self, names: Sequence[str] | None, values: Sequence[float],
+                       measured: Sequence[float] | None = None,
+                       measured_velocity: Sequence[float] | None = None) -> Projection:
+        """Clip joint torques (N·m) to the effort limits; no torque pushes a joint further out."""
+        events: list[SafetyEvent] = []
+        req = self.order(names, values)
+        q = self._measured(measured)
+        if isinstance(req, str):
+            events.append(SafetyEvent(INVALID_COMMAND, "input", "", math.nan, req))
+            return self.effort_hold(measured, measured_velocity, events)
+        out = [0.0] * self.n
+        intervened = False
+        for i, jt in enumerate(self.joints):
+            t = req[i]
+            lim = jt.effort
+            if t > lim or t < -lim:
+                c = lim if t > 0 else -lim
+                events.append(SafetyEvent(INTERVENTION, "effort", jt.name, abs(t) - lim))
+                t = c
+                intervened = True
+            if q is not None and ((q[i] >= jt.env_hi and t > 0.0)
+                                  or (q[i] <= jt.env_lo and t < 0.0)):
+                events.append(SafetyEvent(INTERVENTION, "position", jt.name, abs(t),
+                                          "torque pushing a joint past its position limit"))
+                t = 0.0
+                intervened = True
+            out[i] = t
+        self.last_effort = out
+        return Projection(out, EFFORT, self.period_s, accepted=True, intervened=intervened,
+                          events=events)
+
+    def effort_hold(self, measured: Sequence[float] | None,
+                    measured_velocity: Sequence[float] | None,
+                    events: list[SafetyEvent] | None = None) -> Projection:
+        """Torques that hold the last position command (PD), clipped to the effort limits."""
+        events = events if events is not None else []
+        q = self._measured(measured)
+        qd = self._measured(measured_velocity)
+        out = [0.0] * self.n
+        if q is not None:
+            if not self.initialized:
+                self.reset(q)
+            for i, jt in enumerate(self.joints):
+                t = self.effort_hold_kp[i] * (self.x[i] - q[i])
+                if qd is not None:
+                    t -= self.effort_hold_kd[i] * qd[i]
+                out[i] = min(max(t, -jt.effort), jt.effort)
+        self.last_effort = out
+        return Projection(out, EFFORT, self.period_s, accepted=False, intervened=True,
+                          events=events, braking=True)
+
+    def project_wrench(self, values: Sequence[float]) -> WrenchProjection:
+        """Clip a commanded wrench [fx, fy, fz, tx, ty, tz] per axis and by norm."""
+        events: list[SafetyEvent] = []
+        try:
+            w = [float(v) for v in values]
+        except (TypeError, ValueError):
+            w = []
+        if len(w) != 6 or not all(math.isfinite(v) for v in w):
+            events.append(SafetyEvent(INVALID_COMMAND, "wrench", "", math.nan,
+                                      f"wrench must be 6 finite numbers, got {list(values)!r}"
+                                      if isinstance(values, (list, tuple)) else "bad wrench"))
+            return WrenchProjection([0.0] * 6, accepted=False, intervened=True, events=events)
+        lim = self.commanded
+        out = list(w)
+        intervened = False
+        per_axis = (*lim.max_force_per_axis_n, *lim.max_torque_per_axis_nm)
+        labels = ("force_x", "force_y", "force_z", "torque_x", "torque_y", "torque_z")
+        for k in range(6):
+            m = per_axis[k]
+            if abs(out[k]) > m:
+                events.append(SafetyEvent(INTERVENTION, f"wrench_{labels[k]}", "",
+                                          abs(out[k]) - m))
+                out[k] = m if out[k] > 0 else -m
+                intervened = True
+        for sl, m, label in ((slice(0, 3), lim.max_force_n, "wrench_force_norm"),
+                             (slice(3, 6), lim.max_torque_nm, "wrench_torque_norm")):
+            part = out[sl]
+            norm = math.sqrt(sum(c * c for c in part))
+            if norm > m:
+                events.append(SafetyEvent(INTERVENTION, label, "", norm - m))
+                f = m / norm * (1.0 - _SHRINK)
+                out[sl] = [c * f for c in part]
+                intervened = True
+        return WrenchProjection(out, accepted=True, intervened=intervened, events=events)
