@@ -6,6 +6,8 @@ read every 2 ms (500 Hz joint_states).
 
 - raw: PyBullet's own POSITION_CONTROL motors, `stepSimulation()` per step, `getJointStates()`
   every 2 steps, `setJointMotorControlArray()` every 10 steps; nothing else.
+- plant: `ArmPlant` alone (our drive servo in Python every step, no randomization), same
+  cadence, to show where the time goes.
 - core: `SimCore` with the shipped config/randomization.yaml (all 42 terms, every gap; camera
   rendering excluded because it is off by default), `command()` every 10 ms and
   `advance(0.002)` (which returns an observation through the latency and sensor models).
@@ -64,6 +66,24 @@ def raw_pybullet(sim_seconds: float) -> float:
         pb.disconnect(physicsClientId=c)
 
 
+def plant_only(sim_seconds: float) -> float:
+    """Return physics steps/s of the bare ArmPlant (our servo, no randomization), same cadence."""
+    from sim2real_ros.sim.plant import ArmPlant
+
+    plant = ArmPlant()
+    try:
+        ticks = int(round(sim_seconds / 0.002))
+        t0 = time.perf_counter()
+        for k in range(ticks):
+            if k % 5 == 0:
+                plant.set_command("position", TARGET)
+            plant.advance_steps(2)
+            plant.state()
+        return 2 * ticks / (time.perf_counter() - t0)
+    finally:
+        plant.close()
+
+
 def sim_core(sim_seconds: float, seed: int) -> tuple[float, dict[str, Any]]:
     """Return physics steps/s of SimCore with every shipped randomization term on."""
     from sim2real_ros.paths import share_path
@@ -96,22 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=1.0, help="sim seconds per round")
     args = ap.parse_args(argv)
-    raw_rates, core_rates = [], []
+    raw_rates, plant_rates, core_rates = [], [], []
     info: dict[str, Any] = {}
-    raw_pybullet(0.2)  # warm up imports and caches on both sides
+    raw_pybullet(0.2)  # warm up imports and caches on all sides
+    plant_only(0.2)
     sim_core(0.2, 0)
     for r in range(args.rounds):
         raw_rates.append(raw_pybullet(args.seconds))
+        plant_rates.append(plant_only(args.seconds))
         rate, info = sim_core(args.seconds, seed=r)
         core_rates.append(rate)
     raw_med, core_med = float(np.median(raw_rates)), float(np.median(core_rates))
+    plant_med = float(np.median(plant_rates))
     ratios = np.array(core_rates) / np.array(raw_rates)
     result = {
         "benchmark": "sim_steps",
         "command": "python -m bench.bench_sim_steps "
                    f"--rounds {args.rounds} --seconds {args.seconds}",
         "raw_pybullet_steps_per_s": raw_rates,
+        "plant_only_steps_per_s": plant_rates,
         "sim_core_steps_per_s": core_rates,
+        "plant_median": plant_med,
         "raw_median": raw_med,
         "core_median": core_med,
         "ratio_of_medians": core_med / raw_med,
@@ -123,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"{'variant':28s} {'steps/s (median)':>18s} {'min':>10s} {'max':>10s}")
     print(f"{'raw PyBullet':28s} {raw_med:18.0f} {min(raw_rates):10.0f} {max(raw_rates):10.0f}")
+    print(f"{'ArmPlant, no randomization':28s} {plant_med:18.0f} {min(plant_rates):10.0f} "
+          f"{max(plant_rates):10.0f}")
     print(f"{'SimCore, all terms':28s} {core_med:18.0f} {min(core_rates):10.0f} "
           f"{max(core_rates):10.0f}")
     print(f"ratio core/raw: {core_med / raw_med:.2f} (per-round median "
