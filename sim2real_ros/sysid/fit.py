@@ -1,0 +1,1014 @@
+"""Fit the sim plant to recorded runs: latency first, identifiability check, then least squares.
+
+1. Action latency by cross-correlation: the recorded commands are replayed through the nominal
+   plant with no delay over short windows that start at measured states; the lag that best
+   aligns the simulated velocity with the measured one is the latency (the servo's own lag
+   cancels because both responses share it).
+2. Identifiability: the sensitivity of the residuals to each parameter (a finite-difference
+   Jacobian on part of the windows) gives the Fisher information; parameters whose Cramér-Rao
+   standard deviation is large against their scale, or that are nearly collinear with others,
+   are refused (kept at their base value) and named.
+3. Multiple shooting: every evaluation replays the commands over short windows (default 0.3 s
+   every 1 s) from the measured state at each window start, so errors never accumulate over a
+   20 s rollout and one evaluation costs a fraction of the data's duration. Residuals are joint
+   positions, velocities and efforts, each divided by its measured noise. Bounded least squares
+   (scipy trust-region reflective) on parameters normalised by their typical magnitude.
+4. Confidence from the Jacobian at the optimum; run-to-run spread from one Gauss-Newton step per
+   run away from the joint optimum; held-out rollout error (2 s open-loop rollouts on validation
+   runs) for the nominal and the calibrated plant.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from sim2real_ros.sim.plant import ArmPlant, PlantParams
+from sim2real_ros.sysid.runs import NoiseProfile, RunData, estimate_noise, observation_latency_s
+from sim2real_ros.sysid.shoot import simulate_segment, step_targets
+
+LATENCY = "action_latency_s"
+# group -> (lower, upper, typical magnitude, per joint)
+PARAM_GROUPS: dict[str, tuple[float, float, float, bool]] = {
+    "joint_damping_nms": (0.0, 50.0, 0.5, True),
+    "joint_friction_nm": (0.0, 30.0, 1.0, True),
+    "kp_scale": (0.2, 5.0, 1.0, True),
+    "kd_scale": (0.2, 5.0, 1.0, True),
+    "armature_kgm2": (0.0, 1.0, 0.01, True),
+    "mass_scale": (0.3, 3.0, 1.0, False),
+    "inertia_scale": (0.2, 5.0, 1.0, False),
+    "payload_kg": (0.0, 20.0, 1.0, False),
+    LATENCY: (0.0, 0.2, 0.01, False),
+}
+DEFAULT_GROUPS = (
+    "joint_damping_nms",
+    "joint_friction_nm",
+    "kp_scale",
+    "mass_scale",
+    "inertia_scale",
+    "payload_kg",
+    LATENCY,
+)
+# Noise floors: a perfectly quiet channel must not get infinite weight.
+MIN_STD = {"q": 1e-5, "qd": 5e-4, "tau": 0.01}
+
+
+class FitError(ValueError):
+    """The data cannot support the requested fit; the message says why."""
+
+
+@dataclass
+class FitOptions:
+    """How to fit: which parameters, window layout, solver limits."""
+
+    groups: tuple[str, ...] = DEFAULT_GROUPS
+    window_s: float = 0.3
+    window_every_s: float = 1.0
+    max_iterations: int = 8
+    fd_step: float = 1e-2  # finite-difference step in normalised units (1 % of typical)
+    max_rel_std: float = 0.1  # refuse a parameter whose CRB std exceeds 10 % of its scale
+    max_vif: float = 1e4  # ... or whose variance inflation (collinearity) exceeds this
+    precheck_window_stride: int = 2  # use every 2nd window for the identifiability check
+    compare_stride: int = 2  # compare every 2nd sample of a window (halves state reads)
+    max_latency_s: float = 0.1
+    validation_runs: tuple[str, ...] | None = None  # None: the last third of the runs
+    rollout_s: float = 2.0
+    rollout_every_s: float = 2.0
+    physics_dt_s: float = 1e-3
+    progress: bool = True
+    weights: dict[str, float] = field(default_factory=lambda: {"q": 1.0, "qd": 1.0, "tau": 1.0})
+
+    def check(self) -> None:
+        """Raise FitError for an unknown group or an impossible window layout."""
+        unknown = [g for g in self.groups if g not in PARAM_GROUPS]
+        if unknown:
+            raise FitError(f"unknown parameter groups {unknown}; known: {sorted(PARAM_GROUPS)}")
+        if not 0.02 <= self.window_s <= self.window_every_s:
+            raise FitError(
+                f"window_s = {self.window_s}, window_every_s = {self.window_every_s}: "
+                "expected 0.02 <= window_s <= window_every_s"
+            )
+
+
+@dataclass(frozen=True)
+class ParamDef:
+    """One scalar parameter of the fit."""
+
+    name: str  # e.g. 'joint_damping_nms[2]', 'mass_scale', 'action_latency_s'
+    group: str
+    index: int | None
+    lower: float
+    upper: float
+    typical: float
+
+
+def param_defs(groups: tuple[str, ...], n_joints: int) -> list[ParamDef]:
+    """Expand groups into scalar parameters."""
+    out = []
+    for g in groups:
+        lo, hi, typ, per_joint = PARAM_GROUPS[g]
+        if per_joint:
+            out += [ParamDef(f"{g}[{i}]", g, i, lo, hi, typ) for i in range(n_joints)]
+        else:
+            out.append(ParamDef(g, g, None, lo, hi, typ))
+    return out
+
+
+def get_value(params: PlantParams, latency_s: float, d: ParamDef) -> float:
+    """Read one parameter from resolved params (or the latency)."""
+    if d.group == LATENCY:
+        return float(latency_s)
+    v = getattr(params, d.group)
+    return float(np.asarray(v, dtype=float)[d.index]) if d.index is not None else float(v)
+
+
+def apply_values(
+    base: PlantParams, base_latency_s: float, defs: list[ParamDef], values: np.ndarray
+) -> tuple[PlantParams, float]:
+    """Return (params, latency) with the given parameter values written over the base."""
+    p = base.copy()
+    latency = base_latency_s
+    for d, v in zip(defs, values):
+        if d.group == LATENCY:
+            latency = float(v)
+        elif d.index is None:
+            setattr(p, d.group, float(v))
+        else:
+            arr = np.array(getattr(p, d.group), dtype=float)
+            arr[d.index] = float(v)
+            setattr(p, d.group, arr)
+    return p, latency
+
+
+@dataclass
+class Window:
+    """One shooting window: start sample and the samples compared after it."""
+
+    run: int
+    k0: int
+    ks: np.ndarray  # measured sample indices compared
+    steps: np.ndarray  # physics steps from the window start to each compared sample
+    q0: np.ndarray
+    qd0: np.ndarray
+
+
+def make_windows(
+    runs: list[RunData],
+    window_s: float,
+    every_s: float,
+    dt_s: float,
+    max_latency_s: float,
+    offset_s: float = 0.0,
+    stride: int = 1,
+) -> list[Window]:
+    """Place windows every `every_s` over the part of each run where commands move."""
+    windows = []
+    for r, run in enumerate(runs):
+        moving = np.flatnonzero(np.any(np.abs(np.diff(run.cmd, axis=0)) > 1e-9, axis=1))
+        if moving.size == 0:
+            continue
+        start = max(run.cmd_t_s[moving[0]] - 0.1, run.cmd_t_s[0] + max_latency_s, run.t_s[2])
+        stop = min(run.cmd_t_s[moving[-1]] + 0.5, run.t_s[-3] - window_s)
+        t = start + offset_s
+        while t <= stop:
+            k0 = int(np.searchsorted(run.t_s, t))
+            kend = int(np.searchsorted(run.t_s, run.t_s[k0] + window_s, side="right"))
+            ks = np.arange(k0 + stride, min(kend, run.t_s.size), stride)
+            steps = np.round((run.t_s[ks] - run.t_s[k0]) / dt_s).astype(int)
+            keep = steps >= 1
+            ks, steps = ks[keep], steps[keep]
+            if ks.size >= 5:
+                lo, hi = max(k0 - 2, 0), k0 + 3
+                # Symmetric averages keep the start state unbiased while halving its noise.
+                q0 = run.q[lo:hi].mean(axis=0) if k0 >= 2 else run.q[k0]
+                qd0 = run.qd[lo:hi].mean(axis=0) if k0 >= 2 else run.qd[k0]
+                windows.append(Window(r, k0, ks, steps, q0, qd0))
+            t += every_s
+    return windows
+
+
+@dataclass
+class Weights:
+    """Per-joint standard deviations that normalise each residual channel."""
+
+    q: np.ndarray
+    qd: np.ndarray
+    tau: np.ndarray | None
+
+
+def make_weights(noise: NoiseProfile | None, n: int, use_tau: bool) -> Weights:
+    """Return residual scales from the measured noise (with floors)."""
+    if noise is None:
+        q, qd, tau = np.full(n, 1e-4), np.full(n, 5e-3), np.full(n, 0.1)
+    else:
+        q = np.asarray(noise.joint_position_std_rad)
+        qd = np.asarray(noise.joint_velocity_std_rad_s)
+        tau = (
+            np.asarray(noise.joint_effort_std_nm)
+            if noise.joint_effort_std_nm is not None
+            else np.full(n, 0.1)
+        )
+    return Weights(
+        np.maximum(q, MIN_STD["q"]),
+        np.maximum(qd, MIN_STD["qd"]),
+        np.maximum(tau, MIN_STD["tau"]) if use_tau else None,
+    )
+
+
+class ShootingProblem:
+    """Residuals of the plant replaying the recorded commands over windows."""
+
+    def __init__(
+        self,
+        plant: ArmPlant,
+        runs: list[RunData],
+        windows: list[Window],
+        weights: Weights,
+        channel_weights: dict[str, float] | None = None,
+    ) -> None:
+        self.plant = plant
+        self.runs = runs
+        self.windows = windows
+        self.weights = weights
+        self.cw = {"q": 1.0, "qd": 1.0, "tau": 1.0, **(channel_weights or {})}
+        self.evaluations = 0
+        # Row layout: for each window, samples x [q, qd, (tau)] x joints.
+        n = plant.n
+        per = 3 if weights.tau is not None else 2
+        sizes = [w.ks.size * per * n for w in windows]
+        self.row_window = np.repeat(np.arange(len(windows)), sizes)
+        self.row_run = np.array([windows[i].run for i in self.row_window], dtype=int)
+
+    def simulate(self, params: PlantParams, latency_s: float) -> list[tuple[np.ndarray, ...]]:
+        """Return (q, qd, tau) predicted for each window."""
+        self.plant.set_params(params)
+        dt = self.plant.physics_dt_s
+        out = []
+        for w in self.windows:
+            run = self.runs[w.run]
+            n_steps = int(w.steps[-1])
+            targets = step_targets(run.cmd_t_s, run.cmd, latency_s, run.t_s[w.k0], n_steps, dt)
+            seg = simulate_segment(self.plant, w.q0, w.qd0, targets, w.steps)
+            out.append((seg.q, seg.qd, seg.tau))
+        self.evaluations += 1
+        return out
+
+    def residuals(self, params: PlantParams, latency_s: float) -> np.ndarray:
+        """Return the stacked, noise-normalised residual vector."""
+        sims = self.simulate(params, latency_s)
+        parts = []
+        wt = self.weights
+        for w, (q, qd, tau) in zip(self.windows, sims):
+            run = self.runs[w.run]
+            blocks = [
+                self.cw["q"] * (q - run.q[w.ks]) / wt.q,
+                self.cw["qd"] * (qd - run.qd[w.ks]) / wt.qd,
+            ]
+            if wt.tau is not None and run.tau is not None:
+                blocks.append(self.cw["tau"] * (tau - run.tau[w.ks]) / wt.tau)
+            parts.append(np.hstack(blocks).ravel())
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+@dataclass
+class LatencyEstimate:
+    """Latency found by cross-correlation."""
+
+    action_latency_s: float  # measured response behind the zero-delay simulated response
+    response_lag_s: float  # measured response behind the command (latency + servo lag)
+    per_run_s: list[float]
+
+
+def estimate_latency(
+    plant: ArmPlant,
+    runs: list[RunData],
+    params: PlantParams,
+    max_latency_s: float,
+    window_s: float = 2.0,
+) -> LatencyEstimate:
+    """Cross-correlate simulated (no delay) and measured joint velocities over 2 s windows.
+
+    Windows start at measured states and tile each run, so the cost is one replay of the data.
+    The lag of the measured velocity behind the command (dead time plus servo lag) is returned
+    too, for the report.
+    """
+    dt_phys = plant.physics_dt_s
+    windows = make_windows(runs, window_s, window_s, dt_phys, max_latency_s)
+    if not windows:
+        raise FitError("no window to estimate latency from (do the commands move?)")
+    problem = ShootingProblem(plant, runs, windows, make_weights(None, plant.n, False))
+    sims = problem.simulate(params, 0.0)
+    estimates, lags_cmd = [], []
+    for r, run in enumerate(runs):
+        dt = run.sample_period_s
+        max_lag = int(math.ceil(max_latency_s / dt))
+        lags = np.arange(-min(5, max_lag), max_lag + 1)
+        # Energy-normalised cross-correlation as a lagged squared difference: a plain product
+        # sum is dominated by the 100 Hz staircase of the command and by low frequencies, the
+        # difference is sharp at the true lag. Means are removed per window because a model
+        # that sags differently under gravity must not move the lag.
+        e_sim = np.zeros(lags.size)
+        e_cmd = np.zeros(lags.size)
+        counts = np.zeros(lags.size)
+        for w, (q_sim, _, _) in zip(windows, sims):
+            if w.run != r:
+                continue
+            a = q_sim - q_sim.mean(axis=0)
+            b = run.q[w.ks] - run.q[w.ks].mean(axis=0)
+            u = run.command_at(run.t_s[w.ks])
+            u = u - u.mean(axis=0)
+            for i, lag in enumerate(lags):
+                if lag >= 0:
+                    x, y, z = a[: a.shape[0] - lag], b[lag:], u[: u.shape[0] - lag]
+                else:
+                    x, y, z = a[-lag:], b[: b.shape[0] + lag], u[-lag:]
+                e_sim[i] += np.sum((x - x.mean(axis=0) - y + y.mean(axis=0)) ** 2)
+                e_cmd[i] += np.sum((z - z.mean(axis=0) - y + y.mean(axis=0)) ** 2)
+                counts[i] += x.shape[0]
+        if counts.sum() > 0:
+            estimates.append(_peak(lags, -e_sim / np.maximum(counts, 1)) * dt)
+            lags_cmd.append(_peak(lags, -e_cmd / np.maximum(counts, 1)) * dt)
+    if not estimates:
+        raise FitError("no window to estimate latency from (do the commands move?)")
+    return LatencyEstimate(
+        float(np.clip(np.median(estimates), 0.0, max_latency_s)),
+        float(np.median(lags_cmd)),
+        [float(e) for e in estimates],
+    )
+
+
+def _peak(lags: np.ndarray, c: np.ndarray) -> float:
+    i = int(np.argmax(c))
+    frac = 0.0
+    if 0 < i < c.size - 1:
+        den = c[i - 1] - 2 * c[i] + c[i + 1]
+        if den < 0:
+            frac = 0.5 * (c[i - 1] - c[i + 1]) / den
+    return float(lags[i] + frac)
+
+
+@dataclass
+class Identifiability:
+    """Outcome of the pre-check: which parameters the data determine."""
+
+    kept: list[str]
+    refused: dict[str, str]  # name -> why
+    rel_std: dict[str, float]  # Cramér-Rao std / typical magnitude, at the check
+    vif: dict[str, float]
+
+
+def check_identifiability(
+    jac: np.ndarray, names: list[str], max_rel_std: float, max_vif: float
+) -> Identifiability:
+    """Drop, one at a time, the parameter worst determined by the data until all are fine."""
+    active = list(range(len(names)))
+    refused: dict[str, str] = {}
+    rel: dict[str, float] = {}
+    vifs: dict[str, float] = {}
+    while active:
+        j = jac[:, active]
+        fisher = j.T @ j
+        norms = np.sqrt(np.diag(fisher))
+        dead = [a for a, nrm in zip(active, norms) if nrm < 1e-9 * max(norms.max(), 1e-300)]
+        if dead or norms.max() == 0.0:
+            for a in dead or active:
+                refused[names[a]] = "the data do not excite it (zero sensitivity)"
+                rel[names[a]] = math.inf
+                vifs[names[a]] = math.inf
+            active = [a for a in active if a not in (dead or active)]
+            continue
+        cov = np.linalg.pinv(fisher, rcond=1e-14)
+        std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+        corr = fisher / np.outer(norms, norms)
+        vif = np.diag(np.linalg.pinv(corr, rcond=1e-14))
+        score = np.maximum(std / max_rel_std, vif / max_vif)
+        worst = int(np.argmax(score))
+        for a, s, v in zip(active, std, vif):
+            rel[names[a]] = float(s)
+            vifs[names[a]] = float(v)
+        if score[worst] <= 1.0:
+            break
+        a = active.pop(worst)
+        refused[names[a]] = (
+            f"not determined by the data: Cramér-Rao std {std[worst]:.3g} x its scale "
+            f"(limit {max_rel_std:g}), variance inflation {vif[worst]:.3g} (limit {max_vif:g})"
+        )
+    return Identifiability([names[a] for a in active], refused, rel, vifs)
+
+
+@dataclass
+class RolloutError:
+    """Open-loop rollout error on a set of runs."""
+
+    rms_q_rad: np.ndarray  # per joint
+    rms_q_total_rad: float
+    rms_tau_nm: np.ndarray | None
+    n_rollouts: int
+
+
+@dataclass
+class FitResult:
+    """Everything the calibration file and the report need."""
+
+    joint_names: list[str]
+    base_params: PlantParams
+    params: PlantParams  # base with the fitted values written in (resolved)
+    action_latency_s: float
+    latency: LatencyEstimate
+    defs: list[ParamDef]
+    fitted: dict[str, float]
+    std: dict[str, float]
+    spread: dict[str, float]
+    per_run: dict[str, dict[str, float]]
+    identifiability: Identifiability
+    train_runs: list[str]
+    validation_runs: list[str]
+    in_sample_validation: bool
+    error_nominal: RolloutError
+    error_calibrated: RolloutError
+    noise: NoiseProfile | None
+    observation_latency_s: float | None
+    cost_initial: float
+    cost_final: float
+    evaluations: int
+    iterations: int
+    n_windows: int
+    duration_s: float
+    traces: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def improvement(self) -> float:
+        """Return held-out rollout error nominal / calibrated."""
+        return self.error_nominal.rms_q_total_rad / max(self.error_calibrated.rms_q_total_rad,
+                                                        1e-12)
+
+
+
+@dataclass
+class WarmStart:
+    """Linear-regression estimates that start the least squares near the answer."""
+
+    values: dict[str, float]
+    latency_s: float | None  # latency that best explains the servo torques (None: not tried)
+    rows: int
+
+
+def _savgol(x: np.ndarray, dt_s: float, deriv: int = 0) -> np.ndarray:
+    """Zero-phase Savitzky-Golay low-pass (~40 ms window, cubic) along time."""
+    from scipy.signal import savgol_filter
+
+    win = max(5, int(round(0.04 / dt_s)) | 1)
+    if x.shape[0] <= win:
+        return np.gradient(x, dt_s, axis=0) if deriv else x.copy()
+    return savgol_filter(x, win, 3, deriv=deriv, delta=dt_s, axis=0)
+
+
+def _target_at(run: RunData, t_s: np.ndarray, latency_s: float, dt_s: float) -> np.ndarray:
+    """Return the delayed command averaged over the physics step starting at each time."""
+    edges = run.cmd_t_s + latency_s
+    i0 = np.clip(np.searchsorted(edges, t_s, side="right") - 1, 0, edges.size - 1)
+    i1 = np.clip(np.searchsorted(edges, t_s + dt_s, side="right") - 1, 0, edges.size - 1)
+    # At most one edge falls inside a step (commands are >= one step apart).
+    frac = np.clip((t_s + dt_s - edges[i1]) / dt_s, 0.0, 1.0)[:, None]
+    same = (i0 == i1)[:, None]
+    return np.where(same, run.cmd[i1], (1.0 - frac) * run.cmd[i0] + frac * run.cmd[i1])
+
+
+class _ServoLaw:
+    """The plant's drive: tau = kp·M_nom(q)·ωn²·(u - q) - kd·M_nom(q)·2ζωn·q̇, saturated."""
+
+    def __init__(self, base: PlantParams, limit_nm: np.ndarray) -> None:
+        self.omega = 2.0 * math.pi * base.servo_bandwidth_hz
+        self.zeta = base.servo_damping_ratio
+        self.limit = limit_nm
+
+    def terms(
+        self, m_nom: np.ndarray, u: np.ndarray, q: np.ndarray, qd: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Return the regressors of kp and kd."""
+        return (self.omega**2 * m_nom * (u - q), -2.0 * self.zeta * self.omega * m_nom * qd)
+
+
+def regression_start(
+    plant: ArmPlant,
+    runs: list[RunData],
+    base: PlantParams,
+    groups: tuple[str, ...],
+    latency_s: float,
+    max_latency_s: float,
+    max_rows: int = 4000,
+    min_speed_rad_s: float = 0.03,
+) -> WarmStart:
+    """Estimate servo, rigid-body and friction parameters by linear least squares on efforts.
+
+    1. Servo law (linear in the gain scales) at a scan of latencies around the cross-correlation
+       estimate: the best-explained latency and the gains. No simulation is needed.
+    2. A joint state reports the torque of the physics step that ends at its stamp only; the
+       torques of the steps between samples are rebuilt from the servo law, so the torque
+       averaged over each sample interval is unbiased (a 100 Hz command staircase otherwise
+       biases the damping badly).
+    3. Inverse dynamics: averaged effort = M(q)q̈ + h(q, q̇) + b q̇ + F sign(q̇), linear in
+       mass scale, mass x inertia scale, payload, damping and friction, with effort and motion
+       through the same low-pass filter.
+    Needs efforts; returns the base values otherwise.
+    """
+    from scipy.optimize import lsq_linear
+
+    n = plant.n
+    values: dict[str, float] = {}
+    if any(r.tau is None for r in runs):
+        return WarmStart(values, None, 0)
+    base = plant.resolved_params(base)
+    free = set(groups)
+    dt = plant.physics_dt_s
+    total = sum(r.t_s.size for r in runs)
+    stride = max(1, total // max_rows)
+    law = _ServoLaw(base, plant.arm.max_effort_nm * np.asarray(base.torque_limit_scale))
+
+    # Nominal joint-space inertia (sets the drive's gains) at a subsample, interpolated.
+    plant.set_params(PlantParams())
+    m_nom_all = []
+    for r in runs:
+        ks = np.unique(np.r_[np.arange(0, r.t_s.size, max(1, stride)), r.t_s.size - 1])
+        mk = np.array([np.diag(plant.mass_matrix(r.q[i])) for i in ks])
+        m_nom_all.append(np.column_stack([np.interp(r.t_s, r.t_s[ks], mk[:, j])
+                                          for j in range(n)]))
+    plant.set_params(base)
+
+    # --- 1. servo law at a scan of latencies
+    kp = np.asarray(base.kp_scale, dtype=float).copy()
+    kd = np.asarray(base.kd_scale, dtype=float).copy()
+    best_latency: float | None = None
+    if free & {"kp_scale", "kd_scale", LATENCY}:
+        rows = [np.arange(2, r.t_s.size, stride) for r in runs]
+
+        def servo_fit(lat: float) -> tuple[float, np.ndarray, np.ndarray]:
+            sse = 0.0
+            kp_l, kd_l = kp.copy(), kd.copy()
+            parts = []
+            for r, k, mn in zip(runs, rows, m_nom_all):
+                assert r.tau is not None
+                u = _target_at(r, r.t_s[k] - dt, lat, dt)
+                # state at the start of the step the reported torque belongs to
+                xp, xd = law.terms(mn[k], u, r.q[k] - dt * r.qd[k], r.qd[k])
+                ok = np.abs(r.tau[k]) < 0.95 * law.limit
+                parts.append((xp, xd, r.tau[k], ok))
+            for j in range(n):
+                xp = np.concatenate([p[0][p[3][:, j], j] for p in parts])
+                xd = np.concatenate([p[1][p[3][:, j], j] for p in parts])
+                yy = np.concatenate([p[2][p[3][:, j], j] for p in parts])
+                if xp.size < 10:
+                    continue
+                if "kd_scale" in free:
+                    sol, *_ = np.linalg.lstsq(np.vstack([xp, xd]).T, yy, rcond=None)
+                    kp_l[j], kd_l[j] = sol
+                elif "kp_scale" in free:
+                    kp_l[j] = float(xp @ (yy - kd_l[j] * xd) / max(xp @ xp, 1e-300))
+                resid = yy - kp_l[j] * xp - kd_l[j] * xd
+                sse += float(resid @ resid)
+            return sse, kp_l, kd_l
+
+        if LATENCY in free:
+            from scipy.optimize import minimize_scalar
+
+            # coarse scan (the servo error has local minima one command period apart), then
+            # a fine bounded search: the torque rebuild below needs the latency to ~0.1 ms
+            grid = np.unique(np.clip(latency_s + np.arange(-0.015, 0.01501, 0.001), 0.0,
+                                     max_latency_s))
+            coarse = [servo_fit(float(L))[0] for L in grid]
+            g = float(grid[int(np.argmin(coarse))])
+            fine = minimize_scalar(lambda L: servo_fit(float(L))[0],
+                                   bounds=(max(g - 0.001, 0.0), min(g + 0.001, max_latency_s)),
+                                   method="bounded", options={"xatol": 2e-5})
+            best_latency = float(fine.x)
+        _, kp_fit, kd_fit = servo_fit(best_latency if best_latency is not None else latency_s)
+        lo_k, hi_k = PARAM_GROUPS["kp_scale"][:2]
+        kp, kd = np.clip(kp_fit, lo_k, hi_k), np.clip(kd_fit, lo_k, hi_k)
+        if "kp_scale" in free:
+            values.update({f"kp_scale[{j}]": float(kp[j]) for j in range(n)})
+        if "kd_scale" in free:
+            values.update({f"kd_scale[{j}]": float(kd[j]) for j in range(n)})
+    lat = best_latency if best_latency is not None else latency_s
+
+    # --- 2. effort averaged over each sample interval, motion at the interval's middle
+    samples = []
+    for r, mn in zip(runs, m_nom_all):
+        assert r.tau is not None
+        period = r.sample_period_s
+        steps = max(1, int(round(period / dt)))
+        tau_avg = r.tau.copy()
+        if steps > 1:
+            acc = r.tau.copy()
+            for m in range(steps - 1):
+                # the step starting m·dt after the previous sample (the last step of the
+                # interval is the measured one): state interpolated between the samples
+                w = m / steps
+                q_m = np.vstack([r.q[:1], (1 - w) * r.q[:-1] + w * r.q[1:]])
+                qd_m = np.vstack([r.qd[:1], (1 - w) * r.qd[:-1] + w * r.qd[1:]])
+                t_m = np.r_[r.t_s[0], r.t_s[:-1] + m * dt]
+                u = _target_at(r, t_m, lat, dt)
+                xp, xd = law.terms(mn, u, q_m, qd_m)
+                acc += np.clip(kp * xp + kd * xd, -law.limit, law.limit)
+            tau_avg = acc / steps
+        tau_f = _savgol(tau_avg, period)
+        qd_f = _savgol(r.qd, period)
+        qdd_f = _savgol(r.qd, period, deriv=1)
+        shift = 0.5 * period  # the interval's middle, before the stamp
+        k = np.arange(10, r.t_s.size - 10, stride)
+        samples.append((r.q[k] - shift * qd_f[k], qd_f[k] - shift * qdd_f[k], qdd_f[k],
+                        tau_f[k]))
+
+    zero_arm = base.copy()
+    zero_arm.armature_kgm2 = np.zeros(n)
+    zero_arm.mass_scale, zero_arm.inertia_scale, zero_arm.payload_kg = 1.0, 1.0, 0.0
+
+    def id_all(p: PlantParams) -> list[np.ndarray]:
+        plant.set_params(p)
+        return [np.array([plant.inverse_dynamics(a, b, c) for a, b, c in zip(q, qd, qdd)])
+                for q, qd, qdd, _ in samples]
+
+    id0 = id_all(zero_arm)
+    p1 = zero_arm.copy()
+    p1.inertia_scale = 2.0
+    id1 = id_all(p1)
+    p2 = zero_arm.copy()
+    p2.payload_kg = 1.0
+    id2 = id_all(p2)
+    plant.set_params(base)
+
+    # --- 3. rigid body + damping + friction (+ armature) by bounded linear least squares
+    mass_f, inertia_f, payload_f = (g in free for g in ("mass_scale", "inertia_scale",
+                                                        "payload_kg"))
+    sm, si = base.mass_scale, base.inertia_scale
+    arm_b = np.asarray(base.armature_kgm2)
+    damp_b = np.asarray(base.joint_damping_nms)
+    fric_b = np.asarray(base.joint_friction_nm)
+    cols: list[str] = []
+    blocks_all: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
+    for (q, qd, qdd, tau), i0, i1, i2 in zip(samples, id0, id1, id2):
+        mass_part, rot_part, pay_part = 2 * i0 - i1, i1 - i0, i2 - i0
+        for j in range(n):
+            m = np.abs(qd[:, j]) > min_speed_rad_s
+            if m.sum() < 10:
+                continue
+            y = tau[m, j].copy()
+            blocks: dict[str, np.ndarray] = {}
+            if mass_f and inertia_f:
+                blocks["alpha"], blocks["gamma"] = mass_part[m, j], rot_part[m, j]
+            elif mass_f:
+                blocks["alpha"] = mass_part[m, j] + si * rot_part[m, j]
+            elif inertia_f:
+                y -= sm * mass_part[m, j]
+                blocks["gamma"] = rot_part[m, j]
+            else:
+                y -= sm * (mass_part[m, j] + si * rot_part[m, j])
+            if payload_f:
+                blocks["payload_kg"] = pay_part[m, j]
+            else:
+                y -= base.payload_kg * pay_part[m, j]
+            for group, col, base_v in (
+                ("armature_kgm2", qdd[m, j], arm_b[j]),
+                ("joint_damping_nms", qd[m, j], damp_b[j]),
+                ("joint_friction_nm", np.sign(qd[m, j]), fric_b[j]),
+            ):
+                if group in free:
+                    blocks[f"{group}[{j}]"] = col
+                else:
+                    y -= base_v * col
+            for name in blocks:
+                if name not in cols:
+                    cols.append(name)
+            blocks_all.append((blocks, y))
+    rows_used = sum(y.size for _, y in blocks_all)
+    if cols and rows_used > len(cols):
+        A = np.zeros((rows_used, len(cols)))
+        yv = np.concatenate([y for _, y in blocks_all])
+        at = 0
+        for blocks, y in blocks_all:
+            for name, col in blocks.items():
+                A[at:at + y.size, cols.index(name)] = col
+            at += y.size
+        scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
+        lo_b, hi_b = [], []
+        for name in cols:
+            if name == "alpha":
+                lo_, hi_ = PARAM_GROUPS["mass_scale"][:2]
+            elif name == "gamma":
+                lo_ = PARAM_GROUPS["mass_scale"][0] * PARAM_GROUPS["inertia_scale"][0]
+                hi_ = PARAM_GROUPS["mass_scale"][1] * PARAM_GROUPS["inertia_scale"][1]
+            else:
+                lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
+            lo_b.append(lo_)
+            hi_b.append(hi_)
+        sol = lsq_linear(A / scale, yv, bounds=(np.array(lo_b) * scale, np.array(hi_b) * scale))
+        est = dict(zip(cols, sol.x / scale))
+        if "alpha" in est:
+            values["mass_scale"] = float(est.pop("alpha"))
+        if "gamma" in est:
+            values["inertia_scale"] = float(est.pop("gamma") / max(values.get("mass_scale", sm),
+                                                                   1e-9))
+        values.update({k: float(v) for k, v in est.items()})
+    # keep every estimate inside its group's bounds
+    for name, v in list(values.items()):
+        lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
+        values[name] = float(np.clip(v, lo_, hi_))
+    return WarmStart(values, best_latency, rows_used)
+
+
+def _progress(total: int, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="sim", leave=False)
+
+
+def rollout_error(
+    plant: ArmPlant,
+    runs: list[RunData],
+    params: PlantParams,
+    latency_s: float,
+    horizon_s: float,
+    every_s: float,
+    max_latency_s: float,
+    keep_traces: bool = False,
+) -> tuple[RolloutError, list[dict[str, np.ndarray]]]:
+    """Roll the plant open-loop from measured states for horizon_s; RMS error against data."""
+    dt = plant.physics_dt_s
+    windows = make_windows(runs, horizon_s, every_s, dt, max_latency_s, stride=2)
+    if not windows:
+        raise FitError("runs too short for a held-out rollout")
+    problem = ShootingProblem(plant, runs, windows, make_weights(None, plant.n, False))
+    sims = problem.simulate(params, latency_s)
+    err_q, err_tau, traces = [], [], []
+    for w, (q, _qd, tau) in zip(windows, sims):
+        run = runs[w.run]
+        err_q.append(q - run.q[w.ks])
+        if run.tau is not None:
+            err_tau.append(tau - run.tau[w.ks])
+        if keep_traces:
+            traces.append({"run": np.array(w.run), "t_s": run.t_s[w.ks], "q_sim": q,
+                           "q_meas": run.q[w.ks], "tau_sim": tau,
+                           "tau_meas": run.tau[w.ks] if run.tau is not None else tau * np.nan})
+    eq = np.vstack(err_q)
+    per_joint = np.sqrt(np.mean(eq**2, axis=0))
+    et = np.sqrt(np.mean(np.vstack(err_tau) ** 2, axis=0)) if err_tau else None
+    return RolloutError(per_joint, float(np.sqrt(np.mean(eq**2))), et, len(windows)), traces
+
+
+def split_runs(runs: list[RunData], validation: tuple[str, ...] | None) -> tuple[list[int], list[int]]:
+    """Return (train, validation) run indices; by name, or the last third of the runs."""
+    names = [r.name for r in runs]
+    if validation is not None:
+        unknown = [v for v in validation if v not in names]
+        if unknown:
+            raise FitError(f"validation runs {unknown} are not among the runs {names}")
+        val = [i for i, nm in enumerate(names) if nm in validation]
+    elif len(runs) >= 2:
+        val = list(range(len(runs) - max(1, round(len(runs) / 3)), len(runs)))
+    else:
+        val = []
+    train = [i for i in range(len(runs)) if i not in val]
+    if not train:
+        raise FitError("every run is a validation run; keep at least one for training")
+    return train, val
+
+
+def fit(
+    runs: list[RunData],
+    options: FitOptions | None = None,
+    plant: ArmPlant | None = None,
+    base_params: PlantParams | None = None,
+    log: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Identify plant parameters and action latency from runs (see the module docstring)."""
+    opts = options or FitOptions()
+    opts.check()
+    say = log or (lambda _m: None)
+    t_start = time.monotonic()
+    if not runs:
+        raise FitError("no runs to fit")
+    names = runs[0].joint_names
+    for r in runs:
+        r.validate()
+        if r.joint_names != names:
+            raise FitError(f"run {r.name} has joints {r.joint_names}, run {runs[0].name} {names}")
+    own_plant = plant is None
+    plant = plant or ArmPlant(physics_dt_s=opts.physics_dt_s)
+    try:
+        if plant.joint_names != names:
+            raise FitError(f"runs have joints {names}, the plant {plant.joint_names}")
+        return _fit(runs, opts, plant, base_params, say, t_start)
+    finally:
+        if own_plant:
+            plant.close()
+
+
+def _fit(
+    runs: list[RunData],
+    opts: FitOptions,
+    plant: ArmPlant,
+    base_params: PlantParams | None,
+    say: Callable[[str], None],
+    t_start: float,
+) -> FitResult:
+    n = plant.n
+    base = plant.resolved_params(base_params or PlantParams())
+    train_idx, val_idx = split_runs(runs, opts.validation_runs)
+    train = [runs[i] for i in train_idx]
+    val = [runs[i] for i in val_idx]
+    noise = estimate_noise(runs)
+    use_tau = all(r.tau is not None for r in runs)
+    weights = make_weights(noise, n, use_tau)
+    dt = plant.physics_dt_s
+    windows = make_windows(train, opts.window_s, opts.window_every_s, dt, opts.max_latency_s,
+                           stride=opts.compare_stride)
+    if len(windows) < 3:
+        raise FitError(
+            f"only {len(windows)} fit windows in the training runs; record longer excitations"
+        )
+    problem = ShootingProblem(plant, train, windows, weights, opts.weights)
+    say(f"{len(train)} training runs, {len(val)} validation runs, {len(windows)} windows")
+
+    # 1. latency by cross-correlation, before anything else
+    lat = estimate_latency(plant, train, base, opts.max_latency_s)
+    say(f"latency (cross-correlation): {lat.action_latency_s * 1e3:.1f} ms "
+        f"(command-to-response lag {lat.response_lag_s * 1e3:.1f} ms)")
+    latency0 = lat.action_latency_s
+
+    defs = param_defs(tuple(opts.groups), n)
+    warm = regression_start(plant, train, base, tuple(opts.groups), latency0, opts.max_latency_s)
+    if warm.latency_s is not None and LATENCY in opts.groups:
+        latency0 = warm.latency_s
+    if warm.values:
+        say(f"warm start from {warm.rows} effort samples: " + ", ".join(
+            f"{k}={v:.3g}" for k, v in warm.values.items()))
+        say(f"latency that best explains the servo torques: {latency0 * 1e3:.1f} ms")
+    x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
+    typ = np.array([d.typical for d in defs])
+    lo = np.array([d.lower for d in defs])
+    hi = np.array([d.upper for d in defs])
+    x0 = np.clip(x0, lo, hi)
+
+    def residual_of(x: np.ndarray, prob: ShootingProblem) -> np.ndarray:
+        p, lat_s = apply_values(base, latency0, defs, x)
+        return prob.residuals(p, lat_s)
+
+    def jacobian(
+        x: np.ndarray, f0: np.ndarray, prob: ShootingProblem, idx: list[int], bar: Any
+    ) -> np.ndarray:
+        jac = np.zeros((f0.size, len(idx)))
+        for c, i in enumerate(idx):
+            h = opts.fd_step * typ[i]
+            xp = x.copy()
+            # step inwards at an upper bound so the plant never sees an invalid value
+            xp[i] = x[i] + h if x[i] + h <= hi[i] else x[i] - h
+            jac[:, c] = (residual_of(xp, prob) - f0) / ((xp[i] - x[i]) / typ[i])
+            if bar is not None:
+                bar.update(1)
+        return jac
+
+    # 2. identifiability pre-check on part of the windows
+    sub = ShootingProblem(plant, train, windows[:: max(1, opts.precheck_window_stride)],
+                          weights, opts.weights)
+    bar = _progress(len(defs) + 1, opts.progress, "sysid pre-check")
+    f_sub = residual_of(x0, sub)
+    j_sub = jacobian(x0, f_sub, sub, list(range(len(defs))), bar)
+    if bar is not None:
+        bar.close()
+    ident = check_identifiability(j_sub, [d.name for d in defs], opts.max_rel_std, opts.max_vif)
+    for name, why in ident.refused.items():
+        say(f"refusing {name}: {why}")
+    free = [i for i, d in enumerate(defs) if d.name in ident.kept]
+    if not free:
+        raise FitError("no parameter is identifiable from these runs: " + str(ident.refused))
+
+    # 3. bounded least squares over the identifiable parameters (normalised units)
+    cache: dict[bytes, np.ndarray] = {}
+    bar = _progress(opts.max_iterations * (len(free) + 1), opts.progress, "sysid fit")
+
+    def full_x(z: np.ndarray) -> np.ndarray:
+        x = x0.copy()
+        x[free] = z * typ[free]
+        return x
+
+    def fun(z: np.ndarray) -> np.ndarray:
+        key = z.tobytes()
+        if key not in cache:
+            cache.clear()
+            cache[key] = residual_of(full_x(z), problem)
+            if bar is not None:
+                bar.update(1)
+        return cache[key]
+
+    def jac(z: np.ndarray) -> np.ndarray:
+        f0 = fun(z)
+        return jacobian(full_x(z), f0, problem, free, bar)
+
+    z0 = x0[free] / typ[free]
+    f_init = fun(z0)
+    cost0 = 0.5 * float(f_init @ f_init)
+    res = least_squares(
+        fun, z0, jac=jac, bounds=(lo[free] / typ[free], hi[free] / typ[free]),
+        method="trf", x_scale=1.0, max_nfev=opts.max_iterations, xtol=1e-6, ftol=1e-8,
+    )
+    if bar is not None:
+        bar.close()
+    x_hat = full_x(res.x)
+    params_hat, latency_hat = apply_values(base, latency0, defs, x_hat)
+    params_hat = plant.resolved_params(params_hat)
+    say(f"cost {cost0:.4g} -> {res.cost:.4g} in {res.nfev} evaluations ({res.status}: "
+        f"{res.message})")
+
+    # 4. confidence, run-to-run spread, held-out error
+    jf = np.asarray(res.jac)
+    m, p = jf.shape
+    dof = max(m - p, 1)
+    s2 = 2.0 * res.cost / dof
+    cov = np.linalg.pinv(jf.T @ jf) * s2
+    std_z = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    fitted = {defs[i].name: float(x_hat[i]) for i in free}
+    std = {defs[i].name: float(std_z[c] * typ[i]) for c, i in enumerate(free)}
+
+    per_run: dict[str, dict[str, float]] = {}
+    rows_run = problem.row_run
+    f_hat = np.asarray(res.fun)
+    for local, run in enumerate(train):
+        rows = rows_run == local
+        per_run[run.name] = _gn_step(jf[rows], f_hat[rows], res.x, typ, free, defs)
+    if val:
+        vwin = make_windows(val, opts.window_s, opts.window_every_s, dt, opts.max_latency_s,
+                            stride=opts.compare_stride)
+        if vwin:
+            vprob = ShootingProblem(plant, val, vwin, weights, opts.weights)
+            bar = _progress(len(free) + 1, opts.progress, "sysid spread")
+            fv = residual_of(x_hat, vprob)
+            jv = jacobian(x_hat, fv, vprob, free, bar)
+            if bar is not None:
+                bar.close()
+            for local, run in enumerate(val):
+                rows = vprob.row_run == local
+                per_run[run.name] = _gn_step(jv[rows], fv[rows], res.x, typ, free, defs)
+    spread: dict[str, float] = {}
+    if len(per_run) >= 2:
+        for name in fitted:
+            spread[name] = float(np.std([v[name] for v in per_run.values()], ddof=1))
+
+    held_out = val if val else train
+    nominal = plant.resolved_params(PlantParams())
+    err_nom, tr_nom = rollout_error(plant, held_out, nominal, 0.0, opts.rollout_s,
+                                    opts.rollout_every_s, opts.max_latency_s, keep_traces=True)
+    err_cal, tr_cal = rollout_error(plant, held_out, params_hat, latency_hat, opts.rollout_s,
+                                    opts.rollout_every_s, opts.max_latency_s, keep_traces=True)
+    say(f"held-out rollout RMS error: nominal {err_nom.rms_q_total_rad:.3g} rad, calibrated "
+        f"{err_cal.rms_q_total_rad:.3g} rad")
+    obs = [v for v in (observation_latency_s(r) for r in runs) if v is not None]
+    return FitResult(
+        joint_names=list(plant.joint_names),
+        base_params=base,
+        params=params_hat,
+        action_latency_s=float(latency_hat),
+        latency=lat,
+        defs=defs,
+        fitted=fitted,
+        std=std,
+        spread=spread,
+        per_run=per_run,
+        identifiability=ident,
+        train_runs=[r.name for r in train],
+        validation_runs=[r.name for r in val],
+        in_sample_validation=not val,
+        error_nominal=err_nom,
+        error_calibrated=err_cal,
+        noise=noise,
+        observation_latency_s=float(np.median(obs)) if obs else None,
+        cost_initial=cost0,
+        cost_final=float(res.cost),
+        evaluations=problem.evaluations + sub.evaluations,
+        iterations=int(res.nfev),
+        n_windows=len(windows),
+        duration_s=time.monotonic() - t_start,
+        traces={"nominal": tr_nom, "calibrated": tr_cal,
+                "held_out_runs": [r.name for r in held_out]},
+    )
+
+
+def _gn_step(
+    j: np.ndarray, f: np.ndarray, z: np.ndarray, typ: np.ndarray, free: list[int],
+    defs: list[ParamDef],
+) -> dict[str, float]:
+    """One damped Gauss-Newton step from the joint optimum using one run's residuals."""
+    jtj = j.T @ j
+    lam = 1e-6 * np.trace(jtj) / max(jtj.shape[0], 1)
+    dz = -np.linalg.solve(jtj + lam * np.eye(jtj.shape[0]), j.T @ f)
+    out = {}
+    for c, i in enumerate(free):
+        d = defs[i]
+        out[d.name] = float(np.clip((z[c] + dz[c]) * typ[i], d.lower, d.upper))
+    return out
