@@ -7,6 +7,7 @@ red (deployment blocked), 2 bad configuration or input (from the `sim2real` entr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -125,6 +126,7 @@ def gather(args: argparse.Namespace) -> tuple[AuditEvidence, dict[str, Any]]:
         if b.latency is None:
             ev.notes.append(f"bag {path}: no policy/arm command pairs, no latency measured")
     inputs["bags"] = list(args.bag)
+    _camera_coverage(args, ev)
     if args.fault_record:
         ev.faults = fault_record_evidence(args.fault_record)
     inputs["fault_record"] = args.fault_record or None
@@ -138,11 +140,33 @@ def gather(args: argparse.Namespace) -> tuple[AuditEvidence, dict[str, Any]]:
         ev.envelope_source = str(envelope)
     inputs["envelope"] = str(envelope) if envelope else None
     ev.policy_uses_images = {"auto": None, "used": True, "unused": False}[args.camera]
+    if ev.policy_uses_images and ev.sim is not None:
+        # SimCore renders the camera (sim/camera.py); the sim_bridge parameter only decides
+        # whether the ROS graph publishes it.
+        ev.sim = dataclasses.replace(ev.sim, camera_enabled=True)
     inputs["camera"] = args.camera
     if args.live > 0:
         _listen_live(args.live, ev)
     inputs["live_s"] = args.live
     return ev, inputs
+
+
+def _camera_coverage(args: argparse.Namespace, ev: AuditEvidence) -> None:
+    """Compare the bags' camera images with randomized renders of the simulator."""
+    from sim2real_ros.audit.sources import resolve_spec
+    from sim2real_ros.audit.visual import image_coverage, images_from_bag, render_randomized
+
+    real, poses = [], []
+    for path in args.bag:
+        images, at = images_from_bag(path)
+        real += images
+        poses += at
+    if not real:
+        return
+    spec, source = resolve_spec(args.spec or None, args.calibration)
+    rendered = render_randomized(spec, poses)
+    ev.image_coverage = image_coverage(real, rendered, f"camera images of {len(args.bag)} "
+                                                       f"bag(s) vs renders of {source}")
 
 
 def _listen_live(duration_s: float, ev: AuditEvidence) -> None:

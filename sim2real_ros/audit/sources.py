@@ -133,19 +133,15 @@ def camera_enabled_in_config() -> bool:
     return bool(value)
 
 
-def sim_model_for(spec_path: str | None, calibration_paths: list[str],
-                  camera_enabled: bool | None = None) -> tuple[SimModelEvidence | None, str]:
-    """Return the simulator's model: --spec, else a calibration's spec, else the shipped one."""
+def resolve_spec(spec_path: str | None, calibration_paths: list[str]) -> tuple[Any, str]:
+    """Return the spec the simulator runs: --spec, else a calibration's, else the shipped one."""
     from sim2real_ros.sim.randomization import RandomizationSpec
 
-    cam = camera_enabled_in_config() if camera_enabled is None else camera_enabled
     if spec_path:
-        spec = RandomizationSpec.from_yaml(spec_path)
-        return sim_model_from_spec(spec, str(spec_path), cam), str(spec_path)
+        return RandomizationSpec.from_yaml(spec_path), str(spec_path)
     for cal in calibration_paths:
         if "randomization" in load_yaml(cal):
-            spec = RandomizationSpec.from_yaml(cal)
-            return sim_model_from_spec(spec, f"{cal} (randomization)", cam), str(cal)
+            return RandomizationSpec.from_yaml(cal), f"{cal} (randomization)"
     from sim2real_ros.paths import share_path
 
     try:
@@ -154,9 +150,17 @@ def sim_model_for(spec_path: str | None, calibration_paths: list[str],
         return None, "none"
     if not shipped.is_file():
         return None, "none"
-    spec = RandomizationSpec.from_yaml(shipped)
-    return sim_model_from_spec(spec, str(shipped), cam), str(shipped)
+    return RandomizationSpec.from_yaml(shipped), str(shipped)
 
+
+def sim_model_for(spec_path: str | None, calibration_paths: list[str],
+                  camera_enabled: bool | None = None) -> tuple[SimModelEvidence | None, str]:
+    """Return the simulator's model: --spec, else a calibration's spec, else the shipped one."""
+    cam = camera_enabled_in_config() if camera_enabled is None else camera_enabled
+    spec, source = resolve_spec(spec_path, calibration_paths)
+    if spec is None:
+        return None, source
+    return sim_model_from_spec(spec, source, cam), source
 
 
 # --------------------------------------------------------------------------------------------
