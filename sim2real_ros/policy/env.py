@@ -30,12 +30,8 @@ from sim2real_ros.robot.model import ArmModel
 def load_spec(randomization: str | Path | None) -> Any:
     """Return a RandomizationSpec: None/'default' = config/randomization.yaml, 'none' = off.
 
-    Returns None where the sim core's randomization module is not available (bare plant).
     """
-    try:
-        from sim2real_ros.sim.randomization import RandomizationSpec
-    except ImportError:
-        return None
+    from sim2real_ros.sim.randomization import RandomizationSpec
 
     if randomization is not None and str(randomization) == "none":
         return RandomizationSpec.disabled()
@@ -44,58 +40,6 @@ def load_spec(randomization: str | Path | None) -> Any:
 
         return RandomizationSpec.from_yaml(share_path("config", "randomization.yaml"))
     return RandomizationSpec.from_yaml(randomization)
-
-
-@dataclass
-class _PlantObservation:
-    t_s: float
-    stamp_s: float
-    q: np.ndarray
-    qd: np.ndarray
-    tau_nm: np.ndarray
-    wrench: np.ndarray
-    valid: bool = True
-
-
-class PlantOnlyCore:
-    """The bare plant behind the SimCore interface: no randomization, ideal sensors.
-
-    Used only where `sim2real_ros.sim.core` is not available.
-    """
-
-    def __init__(self, spec: Any = None, seed: int = 0, physics_dt_s: float = 1e-3) -> None:
-        from sim2real_ros.sim.plant import ArmPlant
-
-        self.plant = ArmPlant(physics_dt_s=physics_dt_s)
-        self.arm = self.plant.arm
-        self.joint_names = self.plant.joint_names
-
-    def _obs(self) -> _PlantObservation:
-        s = self.plant.state()
-        return _PlantObservation(s.t_s, s.t_s, s.q, s.qd, s.tau_nm, s.wrench)
-
-    def reset(self, seed: int | None = None, q0: np.ndarray | None = None) -> _PlantObservation:
-        self.plant.reset(q0)
-        return self._obs()
-
-    def command(self, mode: str, values: np.ndarray) -> None:
-        self.plant.set_command(mode, values)
-
-    def advance(self, duration_s: float) -> _PlantObservation:
-        self.plant.step(max(1, int(round(duration_s / self.plant.physics_dt_s))))
-        return self._obs()
-
-    def close(self) -> None:
-        self.plant.close()
-
-
-def core_class() -> type:
-    """Return SimCore, or the bare plant where the sim core is not available."""
-    try:
-        from sim2real_ros.sim.core import SimCore
-    except ImportError:
-        return PlantOnlyCore
-    return SimCore
 
 
 @dataclass
@@ -123,7 +67,8 @@ class ReachingVecEnv:
         seed: int = 0,
         physics_dt_s: float = 1e-3,
     ) -> None:
-        core_cls = core_class()
+        from sim2real_ros.sim.core import SimCore
+
         if n_envs < 1:
             raise ValueError(f"n_envs = {n_envs}: expected >= 1")
         self.task = task or TaskConfig()
@@ -132,7 +77,7 @@ class ReachingVecEnv:
         seqs = np.random.SeedSequence(seed).spawn(n_envs)
         self.rngs = [np.random.default_rng(s) for s in seqs]
         self.cores = [
-            core_cls(spec=spec, seed=int(r.integers(2**31)), physics_dt_s=physics_dt_s)
+            SimCore(spec=spec, seed=int(r.integers(2**31)), physics_dt_s=physics_dt_s)
             for r in self.rngs
         ]
         self.arm: ArmModel = self.cores[0].arm
@@ -225,7 +170,7 @@ class ReachingVecEnv:
         self.total_steps += b
         for i in range(b):
             ok = is_success(cfg, float(dist[i]), qd_true[i])
-            rew[i] = reward(cfg, float(dist[i]), actions[i], ok)
+            rew[i] = reward(cfg, float(dist[i]), actions[i], ok, qd_true[i])
             term[i] = ok
             trunc[i] = (not ok) and self.t[i] >= cfg.max_steps
         self.ret += rew
@@ -245,8 +190,4 @@ class ReachingVecEnv:
     def close(self) -> None:
         """Release the simulators."""
         for c in self.cores:
-            close = getattr(c, "close", None)
-            if close is not None:
-                close()
-            else:
-                c.plant.close()
+            c.close()

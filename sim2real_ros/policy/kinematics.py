@@ -57,9 +57,13 @@ class BatchKinematics:
                 origins.append(pos.copy())
                 rot = rot @ _axis_angle(axis, q[:, k])
                 k += 1
+        a = np.stack(axes, axis=2)  # (B, 3, k) joint axes in the base frame
+        r = pos[:, :, None] - np.stack(origins, axis=2)  # (B, 3, k) joint -> tip
         jac = np.empty((b, 3, k))
-        for i, (a, o) in enumerate(zip(axes, origins, strict=True)):
-            jac[:, :, i] = np.cross(a, pos - o)
+        # a x r, written out: np.cross on small arrays costs more than the arithmetic
+        jac[:, 0] = a[:, 1] * r[:, 2] - a[:, 2] * r[:, 1]
+        jac[:, 1] = a[:, 2] * r[:, 0] - a[:, 0] * r[:, 2]
+        jac[:, 2] = a[:, 0] * r[:, 1] - a[:, 1] * r[:, 0]
         return pos, jac
 
     def tool_position(self, q: np.ndarray) -> np.ndarray:

@@ -62,7 +62,7 @@ class TrainConfig:
     ppo_clip: float = 0.2
     gamma: float = 0.99
     gae_lambda: float = 0.95
-    init_log_std: float = -1.5
+    init_log_std: float = -2.5
     # evaluation
     eval_episodes: int = 100
     time_budget_s: float = 0.0  # 0 = no budget; otherwise stop iterating after this long

@@ -1,0 +1,352 @@
+"""Fine-tune only the last layer of a policy on real trajectories recorded as rosbag2 (MCAP).
+
+What is learned: to reproduce the joint commands that drove the real arm (default topic
+`forward_position_controller/commands`: whatever reached the arm, for instance the baseline
+controller acting while the policy ran in shadow mode), from the observations the policy would
+have seen. Each command is paired with the latest `joint_states` received before it was sent
+(or, for a stamped JointState command topic such as `baseline/joint_command`, the joint state
+whose stamp it carries) and with the latest `task/target`. The label is the step from the
+previous command, the task's action; the observation carries that previous command.
+
+A trajectory is a run of commands under one target. Trajectories, not samples, are split into
+training and held-out sets (seeded), so the reported before/after error is on motions the
+fine-tune never saw. Only the members' output layers change: the hidden features stay as the
+simulator trained them, the observation statistics (and so the OOD score) stay those of
+simulation, and an L2 pull toward the original output weights keeps the update small.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sim2real_ros.policy.expert import ExpertGains, IKExpert
+from sim2real_ros.policy.model import EnsemblePolicy
+from sim2real_ros.policy.task import (
+    TaskConfig,
+    action_to_step,
+    apply_action,
+    build_observation,
+    sample_episode,
+    step_to_action,
+)
+from sim2real_ros.robot.model import ArmModel
+
+TARGET_TOPIC = "task/target"
+JOINT_STATES = "joint_states"
+COMMAND_TOPIC = "forward_position_controller/commands"
+
+
+class FinetuneError(ValueError):
+    """The bags cannot be turned into training data; the message says which and why."""
+
+
+@dataclass
+class Trajectory:
+    """Aligned samples of one target segment."""
+
+    bag: str
+    target_m: np.ndarray  # (3,)
+    obs: np.ndarray  # (T, D) raw observations
+    step_rad: np.ndarray  # (T, n) recorded joint-command steps
+
+
+@dataclass
+class FinetuneReport:
+    """Errors are RMS joint-command step errors on held-out trajectories, rad."""
+
+    n_trajectories: int
+    n_train: int
+    n_heldout: int
+    n_train_samples: int
+    n_heldout_samples: int
+    before_rms_rad: float
+    after_rms_rad: float
+    before_per_joint_rad: list[float]
+    after_per_joint_rad: list[float]
+    train_before_rms_rad: float
+    train_after_rms_rad: float
+    bags: list[str] = field(default_factory=list)
+    bag_sha256: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable dict."""
+        return dict(self.__dict__)
+
+
+def _bags_sha256(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        files = sorted(p.glob("*.mcap")) if p.is_dir() else [p]
+        for f in files:
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _latest_before(times: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the last element of sorted `times` <= each t (-1 if none)."""
+    return np.searchsorted(times, t, side="right") - 1
+
+
+def load_trajectories(
+    bag_paths: list[str | Path],
+    task: TaskConfig,
+    arm: ArmModel,
+    command_topic: str = COMMAND_TOPIC,
+    target_topic: str = TARGET_TOPIC,
+    joint_topic: str = JOINT_STATES,
+    max_gap_periods: float = 5.0,
+) -> list[Trajectory]:
+    """Read bags into aligned trajectories (observation, recorded step) per target."""
+    from sim2real_ros.sysid import bags as bagio
+
+    out: list[Trajectory] = []
+    names = list(arm.joint_names)
+    for bp in bag_paths:
+        p = Path(bp)
+        js = bagio.read_joint_states(p, names, joint_topic)
+        if js.velocity is None:
+            raise FinetuneError(f"{p}: {joint_topic} has no velocities; the policy observes them")
+        info = bagio.bag_info(p)
+        ctopic = bagio.resolve_topic(p, info.topics, command_topic)
+        ctype = info.topics[ctopic].msgtype
+        if ctype == "std_msgs/msg/Float64MultiArray":
+            cmds = bagio.read_position_commands(p, len(names), ctopic)
+            # The command answered the latest state the controller had received.
+            js_idx = _latest_before(js.recv_t_s, cmds.t_s)
+        elif ctype == "sensor_msgs/msg/JointState":
+            cmds = bagio.read_joint_commands(p, names, ctopic)
+            assert cmds.stamp_s is not None
+            # Stamped commands name the observation they answer.
+            order = np.argsort(js.t_s)
+            pos = np.clip(np.searchsorted(js.t_s[order], cmds.stamp_s), 0, len(order) - 1)
+            js_idx = order[pos]
+        else:
+            raise FinetuneError(f"{p}: {ctopic} has type {ctype}; expected "
+                                "std_msgs/msg/Float64MultiArray or sensor_msgs/msg/JointState")
+        tgt_t: list[float] = []
+        tgt_v: list[np.ndarray] = []
+        for _, t_ns, msg in bagio.read_messages(p, [target_topic]):
+            tgt_t.append(t_ns * 1e-9)
+            tgt_v.append(np.array([msg.point.x, msg.point.y, msg.point.z]))
+        if not tgt_t:
+            raise FinetuneError(f"{p}: no messages on {target_topic}")
+        tgt_times = np.asarray(tgt_t)
+        tgt_vals = np.vstack(tgt_v)
+        tgt_idx = _latest_before(tgt_times, cmds.t_s)
+        dt = task.dt_s
+        period = np.median(np.diff(cmds.t_s)) if len(cmds.t_s) > 2 else dt
+        if not 0.8 * dt <= period <= 1.25 * dt:
+            raise FinetuneError(
+                f"{p}: {ctopic} runs every {period * 1e3:.1f} ms; the policy steps every "
+                f"{dt * 1e3:.1f} ms ({task.control_rate_hz:g} Hz), so its steps are not comparable"
+            )
+        segments: list[list[int]] = []
+        for k in range(1, len(cmds.t_s)):
+            if js_idx[k] < 0 or tgt_idx[k] < 0:
+                continue
+            new_seg = (
+                not segments
+                or segments[-1][-1] != k - 1
+                or cmds.t_s[k] - cmds.t_s[k - 1] > max_gap_periods * dt
+                or np.any(np.abs(tgt_vals[tgt_idx[k]] - tgt_vals[tgt_idx[k - 1]]) > 1e-9)
+            )
+            if new_seg:
+                segments.append([k])
+            else:
+                segments[-1].append(k)
+        for seg in segments:
+            if len(seg) < 3:
+                continue
+            k = np.asarray(seg)
+            q = js.position[js_idx[k]]
+            qd = js.velocity[js_idx[k]]
+            target = tgt_vals[tgt_idx[k[0]]]
+            prev = cmds.values[k - 1]
+            tool = np.array([arm.tool_position(qq) for qq in q])
+            obs = build_observation(task, q, qd, np.broadcast_to(target, (len(k), 3)), tool,
+                                    prev)
+            out.append(Trajectory(str(p), target.copy(), obs, cmds.values[k] - prev))
+    if not out:
+        raise FinetuneError(f"no trajectories found in {[str(b) for b in bag_paths]}")
+    return out
+
+
+def _step_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Per-sample, per-joint error of the policy's step vs the recorded one, rad."""
+    task = TaskConfig.from_dict(policy.task)
+    out = policy.evaluate(obs)
+    label = np.clip(step, -task.max_step_rad, task.max_step_rad)
+    return action_to_step(task, out.action) - label
+
+
+def _rms(err: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(err)))) if err.size else float("nan")
+
+
+def finetune_last_layer(
+    policy: EnsemblePolicy,
+    trajectories: list[Trajectory],
+    heldout_fraction: float = 0.2,
+    seed: int = 0,
+    epochs: int = 300,
+    lr: float = 3e-3,
+    l2_to_init: float = 1e-3,
+    batch_size: int = 1024,
+) -> tuple[EnsemblePolicy, FinetuneReport]:
+    """Return a child policy whose members' output layers fit the recorded steps, and a report."""
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction = {heldout_fraction}: expected a value in (0, 1)")
+    if len(trajectories) < 2:
+        raise FinetuneError(f"{len(trajectories)} trajectories: need at least 2 "
+                            "(one to train on, one held out)")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(trajectories))
+    n_held = min(len(trajectories) - 1, max(1, int(round(heldout_fraction * len(trajectories)))))
+    held = [trajectories[i] for i in order[:n_held]]
+    train_t = [trajectories[i] for i in order[n_held:]]
+    xo = np.concatenate([t.obs for t in train_t])
+    xs = np.concatenate([t.step_rad for t in train_t])
+    ho = np.concatenate([t.obs for t in held])
+    hs = np.concatenate([t.step_rad for t in held])
+
+    child = copy.deepcopy(policy)
+    task = TaskConfig.from_dict(child.task)
+    before_h = _step_error(child, ho, hs)
+    before_t = _step_error(child, xo, xs)
+
+    net = child.net
+    for p in net.parameters():
+        p.requires_grad_(False)
+    w, b = net.last_layer_parameters()
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    w0, b0 = w.detach().clone(), b.detach().clone()
+    with torch.no_grad():
+        feats = net.features(child.normalize(torch.as_tensor(xo, dtype=torch.float32)))
+    target = torch.as_tensor(
+        np.clip(xs, -task.max_step_rad, task.max_step_rad) / task.max_step_rad,
+        dtype=torch.float32,
+    )
+    opt = torch.optim.Adam([w, b], lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    n = feats.shape[1]
+    members = child.spec.members
+    steps_per_epoch = max(1, n // batch_size)
+    for _ in range(epochs):
+        for _ in range(steps_per_epoch):
+            # Each member draws its own bootstrap minibatch, as in training.
+            idx = torch.randint(0, n, (members, min(batch_size, n)), generator=gen)
+            h = torch.gather(feats, 1, idx[..., None].expand(-1, -1, feats.shape[2]))
+            a = torch.tanh(net.head(h))
+            pred = a * a.abs()  # normalized step, see task.action_to_step
+            loss = torch.mean((pred - target[idx]) ** 2) + l2_to_init * (
+                torch.sum((w - w0) ** 2) + torch.sum((b - b0) ** 2)
+            ) / members
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    w.requires_grad_(False)
+    b.requires_grad_(False)
+
+    after_h = _step_error(child, ho, hs)
+    after_t = _step_error(child, xo, xs)
+    report = FinetuneReport(
+        n_trajectories=len(trajectories),
+        n_train=len(train_t),
+        n_heldout=len(held),
+        n_train_samples=int(xo.shape[0]),
+        n_heldout_samples=int(ho.shape[0]),
+        before_rms_rad=_rms(before_h),
+        after_rms_rad=_rms(after_h),
+        before_per_joint_rad=np.sqrt(np.mean(before_h**2, axis=0)).tolist(),
+        after_per_joint_rad=np.sqrt(np.mean(after_h**2, axis=0)).tolist(),
+        train_before_rms_rad=_rms(before_t),
+        train_after_rms_rad=_rms(after_t),
+        bags=sorted({t.bag for t in trajectories}),
+    )
+    report.bag_sha256 = _bags_sha256([Path(b) for b in report.bags])
+    return child, report
+
+
+# --- rehearsal data: a shifted "real" arm driven by a teacher, recorded as a real bag ------
+
+
+@dataclass(frozen=True)
+class TeacherShift:
+    """How the rehearsal 'real' cell differs from the simulator the policy trained in."""
+
+    speed_scale: float = 0.6  # the teacher moves at this fraction of the expert's speed
+    k_integral_per_s: float = 6.0  # and converges with this gain
+    payload_kg: float = 1.5  # the real arm carries this extra tool mass
+
+
+def record_teacher_bag(
+    path: str | Path,
+    n_trajectories: int,
+    seed: int = 0,
+    shift: TeacherShift | None = None,
+    task: TaskConfig | None = None,
+    steps_per_trajectory: int = 80,
+) -> Path:
+    """Drive a shifted plant with a shifted IK teacher and record a rosbag2 (MCAP) bag.
+
+    Topics: joint_states (JointState, at the control rate), task/target (PointStamped, at each
+    new target), forward_position_controller/commands (Float64MultiArray). This is the
+    rehearsal input for `sim2real policy finetune` and the test data of the fine-tune tests.
+    """
+    from sim2real_ros.sim.plant import ArmPlant, PlantParams
+    from sim2real_ros.sysid import bags as bagio
+
+    shift = shift or TeacherShift()
+    task = task or TaskConfig()
+    rng = np.random.default_rng(seed)
+    plant = ArmPlant(params=PlantParams(payload_kg=shift.payload_kg))
+    arm = plant.arm
+    slow = TaskConfig.from_dict({**task.to_dict(),
+                                 "max_step_rad": task.max_step_rad * shift.speed_scale})
+    teacher = IKExpert(arm, slow, ExpertGains(k_integral_per_s=shift.k_integral_per_s))
+    ts = bagio.typestore()
+    point_t = ts.types["geometry_msgs/msg/PointStamped"]
+    vec_t = ts.types["geometry_msgs/msg/Point"]
+    header_t = ts.types["std_msgs/msg/Header"]
+    time_t = ts.types["builtin_interfaces/msg/Time"]
+    per_ctrl = max(1, int(round(task.dt_s / plant.physics_dt_s)))
+    t_ns = 1_000_000_000
+    dt_ns = int(round(task.dt_s * 1e9))
+    try:
+        with bagio.BagWriter(path, {"source": "sim2real_ros.policy.finetune.record_teacher_bag",
+                                    "seed": seed, "shift": shift.__dict__}) as bag:
+            bag.add_topic(JOINT_STATES, "sensor_msgs/msg/JointState")
+            bag.add_topic(TARGET_TOPIC, "geometry_msgs/msg/PointStamped")
+            bag.add_topic(COMMAND_TOPIC, "std_msgs/msg/Float64MultiArray")
+            st = plant.reset(np.array(task.home_rad))
+            cmd = st.q.copy()
+            for _ in range(n_trajectories):
+                _, target = sample_episode(rng, task, arm)
+                stamp = time_t(sec=t_ns // 1_000_000_000, nanosec=t_ns % 1_000_000_000)
+                msg = point_t(header=header_t(stamp=stamp, frame_id=arm.root_link),
+                              point=vec_t(x=float(target[0]), y=float(target[1]),
+                                          z=float(target[2])))
+                bag.write_msg(TARGET_TOPIC, t_ns, msg)
+                for _ in range(steps_per_trajectory):
+                    t_ns += dt_ns
+                    bag.write_msg(JOINT_STATES, t_ns,
+                                  bagio.joint_state_msg(arm.joint_names, t_ns, st.q, st.qd,
+                                                        st.tau_nm))
+                    a = teacher.act(st.q, target)[0]
+                    # The teacher's step in the slowed task, re-expressed in the policy's task.
+                    step = action_to_step(slow, a)
+                    cmd = apply_action(task, arm, cmd, st.q, step_to_action(task, step))
+                    bag.write_msg(COMMAND_TOPIC, t_ns + 100_000, bagio.multiarray_msg(cmd))
+                    plant.set_command("position", cmd)
+                    st = plant.step(per_ctrl)
+    finally:
+        plant.close()
+    return Path(path)

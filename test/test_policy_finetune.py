@@ -1,0 +1,108 @@
+"""Last-layer fine-tuning from rosbag2 (MCAP) bags recorded from a shifted simulated cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sim2real_ros.cli import main as sim2real
+from sim2real_ros.paths import default_urdf
+from sim2real_ros.policy.finetune import (
+    FinetuneError,
+    TeacherShift,
+    finetune_last_layer,
+    load_trajectories,
+    record_teacher_bag,
+)
+from sim2real_ros.policy.registry import PolicyRegistry
+from sim2real_ros.policy.task import TaskConfig
+from sim2real_ros.robot.model import load_arm
+from sim2real_ros.sysid.bags import bag_info
+
+torch.set_num_threads(1)
+ARM = load_arm(default_urdf())
+# The rehearsal "real" cell: a 1.5 kg tool and a teacher at 60 % speed with a softer gain.
+SHIFT = TeacherShift(speed_scale=0.6, k_integral_per_s=6.0, payload_kg=1.5)
+
+
+@pytest.fixture(scope="module")
+def bags(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two bags, 24 trajectories in all, written with the rosbags MCAP writer."""
+    root = tmp_path_factory.mktemp("bags")
+    return [
+        record_teacher_bag(root / "run1", 14, seed=1, shift=SHIFT, steps_per_trajectory=60),
+        record_teacher_bag(root / "run2", 10, seed=2, shift=SHIFT, steps_per_trajectory=60),
+    ]
+
+
+def test_recorded_bags_are_rosbag2_mcap_with_the_cell_topics(bags: list[Path]) -> None:
+    info = bag_info(bags[0])
+    assert (bags[0] / "metadata.yaml").is_file() and list(bags[0].glob("*.mcap"))
+    assert info.topics["joint_states"].count == 14 * 60
+    assert info.topics["forward_position_controller/commands"].count == 14 * 60
+    assert info.topics["task/target"].count == 14
+    assert info.topics["task/target"].msgtype == "geometry_msgs/msg/PointStamped"
+
+
+def test_bags_split_into_one_trajectory_per_target(bags: list[Path]) -> None:
+    trajs = load_trajectories(bags, TaskConfig(), ARM)
+    assert len(trajs) == 24
+    # the first command of the first bag has no predecessor, every other one does
+    assert sum(len(t.obs) for t in trajs) == 24 * 60 - 2
+    assert all(np.all(np.abs(t.step_rad) <= TaskConfig().max_step_rad + 1e-9) for t in trajs)
+
+
+def test_finetune_changes_only_the_last_layer_and_cuts_heldout_error(
+    bags: list[Path], tmp_path: Path
+) -> None:
+    reg = PolicyRegistry(tmp_path / "reg")
+    parent, _ = reg.load(0)
+    trajs = load_trajectories(bags, TaskConfig.from_dict(parent.task), ARM)
+    child, rep = finetune_last_layer(parent, trajs, heldout_fraction=0.25, seed=0, epochs=200)
+    before, after = parent.net.state_dict(), child.net.state_dict()
+    last_w, last_b = f"weights.{parent.net.n_layers - 1}", f"biases.{parent.net.n_layers - 1}"
+    for name, tensor in before.items():
+        if name in (last_w, last_b):
+            assert not torch.equal(tensor, after[name]), f"{name} did not change"
+        else:
+            assert torch.equal(tensor, after[name]), f"{name} changed"
+    np.testing.assert_array_equal(child.stats.mean, parent.stats.mean)
+    assert rep.n_heldout == 6 and rep.n_train == 18
+    # the known shift (slower teacher, heavier tool) is learned: held-out error drops a lot
+    assert rep.after_rms_rad < 0.6 * rep.before_rms_rad, rep
+    assert rep.train_after_rms_rad < rep.train_before_rms_rad
+
+
+def test_cli_finetune_writes_a_child_version_with_the_report(
+    bags: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(tmp_path / "reg")
+    code = sim2real(["policy", "finetune", *map(str, bags), "--registry", root,
+                     "--epochs", "100", "--sim-eval-episodes", "0"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "held-out" in out and "before" in out and "after" in out
+    reg = PolicyRegistry(root)
+    rec = reg.record(2)
+    assert rec.parent == 1 and reg.known_good == 1  # not promoted without --promote
+    ft = rec.metadata["finetune"]
+    assert ft["layers_changed"] == "last" and ft["after_rms_rad"] < ft["before_rms_rad"]
+    assert len(ft["bag_sha256"]) == 64 and len(ft["bags"]) == 2
+    reg.load(2)  # the child loads and verifies
+
+
+def test_a_bag_at_another_control_rate_is_refused(tmp_path: Path) -> None:
+    bag = record_teacher_bag(tmp_path / "slow", 2, seed=0, shift=SHIFT,
+                             task=TaskConfig(control_rate_hz=50.0), steps_per_trajectory=10)
+    with pytest.raises(FinetuneError, match=r"runs every 20.0 ms.*100 Hz"):
+        load_trajectories([bag], TaskConfig(), ARM)
+
+
+def test_a_bag_without_targets_is_refused_naming_the_topic(bags: list[Path]) -> None:
+    from sim2real_ros.sysid.bags import BagError
+
+    with pytest.raises(BagError, match="missing topic 'no/such/target'"):
+        load_trajectories(bags[:1], TaskConfig(), ARM, target_topic="no/such/target")
