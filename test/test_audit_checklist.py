@@ -169,6 +169,12 @@ CASES: list[Case] = [
     ("latency", AMBER, lambda e: with_(e, faults=faults(skip="joint_states_stale"))),
     ("latency", AMBER, lambda e: with_(e, latency=[
         LatencyMeasurement("live", 500, 0.030, 0.045, 0.05)])),  # 35 ms > 21 ms + 7 ms
+    # Model [7, 21] ms + 2 ms jitter, tolerance 5 ms; the calibration adds 5 ms of drive and
+    # sensor delay: p99 18 + 5 = 23 <= 28 is covered, p99 24 + 5 = 29 is not.
+    ("latency", GREEN, lambda e: with_(e, latency=[
+        LatencyMeasurement("live", 500, 0.015, 0.018, 0.02)])),
+    ("latency", AMBER, lambda e: with_(e, latency=[
+        LatencyMeasurement("live", 500, 0.015, 0.024, 0.03)])),
     ("latency", RED, lambda e: sim_(e, latency=LatencyModel())),
     # safety wrapper
     ("safety", GREEN, lambda e: e),
@@ -181,6 +187,8 @@ CASES: list[Case] = [
     ("safety", AMBER, lambda e: with_(e, faults=None, envelope_sha256=None,
                                       live=LiveGraphEvidence(5.0, safety_status={
                                           "source": "policy"}))),
+    ("safety", AMBER, lambda e: with_(e, live=LiveGraphEvidence(5.0, safety_status={
+        "envelope_sha256": "ef" * 32}))),  # the running filter has another envelope
     ("safety", RED, lambda e: with_(e, faults=faults(fail="policy_killed"))),
     ("safety", RED, lambda e: with_(e, faults=None, envelope_sha256=None)),
 ]
@@ -236,3 +244,15 @@ def test_thresholds_are_configurable() -> None:
 ])
 def test_fault_names_map_to_wrapper_capabilities(name: str, gap: str, cap: str) -> None:
     assert cap in fault_capabilities(FaultResult(name, gap, True, True))
+
+
+def test_only_this_units_calibration_adds_its_drive_delay_to_the_loop_delay() -> None:
+    from sim2real_ros.audit.checklist import latency_coverage
+
+    ev = green_evidence()
+    m = LatencyMeasurement("live", 100, 0.010, 0.012, 0.012)
+    _, mine = latency_coverage(m, ev, Thresholds())
+    assert "p50 15.0 ms" in mine and "drive/sensor delay from cal.yaml" in mine
+    other = with_(ev, calibrations=[dataclasses.replace(ev.calibrations[0], unit_id="arm-X")])
+    _, theirs = latency_coverage(m, other, Thresholds())
+    assert "p50 10.0 ms" in theirs and "drive/sensor" not in theirs

@@ -411,8 +411,12 @@ def latency_coverage(
     model = ev.sim.latency
     extra = 0.0
     parts = []
+    units = ev.units()
     for cal in ev.calibrations:
-        # Drive and sensor delay come from system identification; the graph adds the rest.
+        # Drive and sensor delay come from system identification of this unit; the graph adds
+        # the rest. Another unit's drive delay says nothing about this one.
+        if not units or any(cal.unit_id != u for u in units.values()):
+            continue
         if cal.action_latency_s is not None:
             extra = float(cal.action_latency_s) + float(cal.observation_latency_s or 0.0)
             parts.append(f"+ {extra * 1e3:.1f} ms drive/sensor delay from {cal.path}")
@@ -508,7 +512,12 @@ def safety_row(ev: AuditEvidence, th: Thresholds, now: datetime) -> Row:
     if age > th.fault_record_max_age_days:
         missing.append(f"re-run the fault suite (record {age:.0f} days old > "
                        f"{th.fault_record_max_age_days:g})")
-    current = ev.envelope_sha256 or (live_status or {}).get("envelope_sha256")
+    # What the running filter reports is what is deployed; the file is the fallback.
+    live_sha = (live_status or {}).get("envelope_sha256")
+    current = live_sha or ev.envelope_sha256
+    if live_sha and ev.envelope_sha256 and live_sha != ev.envelope_sha256:
+        evidence.append(f"the running filter's envelope {live_sha[:12]} is not "
+                        f"{ev.envelope_source} ({ev.envelope_sha256[:12]})")
     if current is None:
         missing.append("name the deployed envelope (--envelope or --live) to match the record")
     elif current != rec.envelope_sha256:
