@@ -23,6 +23,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = [sys.executable, "-m", "sim2real_ros.sim.node", "--ros-args",
            "-p", "clock_mode:=realtime", "-p", f"publish_rate_hz:={args.rate}"]
-    RESULTS.mkdir(exist_ok=True)
-    log = open(RESULTS / "sim_publish_bridge.log", "wb")  # noqa: SIM115 - closed with the run
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed with the run
+        prefix="sim_publish_bridge_", suffix=".log", delete=False)
     proc = subprocess.Popen(cmd, env=child_env(), cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     ctx = Context()
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     if len(stamps) < 10:
         print(f"only {len(stamps)} messages received; is the bridge running? "
-              f"(exit code {proc.poll()})", file=sys.stderr)
+              f"(exit code {proc.poll()}, log {log.name})", file=sys.stderr)
         return 1
     period = 1.0 / args.rate
     d_stamp = np.diff(np.array(stamps))

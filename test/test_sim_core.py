@@ -163,7 +163,9 @@ def test_link_mass_and_com_offset_change_holding_torque() -> None:
         ({"joint_damping": fixed(2.0), "joint_friction": fixed(0.5)}, 0.25),
     ],
 )
-def test_damping_and_friction_set_the_terminal_velocity(terms: dict, terminal_rad_s: float) -> None:
+def test_damping_and_friction_set_the_terminal_velocity(
+    terms: dict, terminal_rad_s: float
+) -> None:
     core = core_with(terms)
     core.command("effort", np.array([1.0, 0, 0, 0, 0, 0]))
     assert core.advance(0.5).qd[0] == pytest.approx(terminal_rad_s, rel=0.03)

@@ -72,7 +72,7 @@ def test_coulomb_friction_holds_against_torque_below_it_and_slides_above(plant: 
     plant.reset()
     below = np.array([0.9, 0, 0, 0, 0, 0])
     plant.set_command("effort", below)
-    # Without friction it would turn 0.5 · 0.9 / M · t² ≈ 0.5 rad; stiction allows solver creep.
+    # Without friction it would turn 0.5 · 0.9 / M · t² ≈ 0.5 rad; stiction allows some creep.
     assert abs(plant.step(300).q[0]) < 1e-3
     plant.reset()
     plant.set_command("effort", 2.0 * below)

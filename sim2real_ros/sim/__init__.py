@@ -1,1 +1,1 @@
-"""Simulation backend: PyBullet plant, randomization, actuator/latency/sensor models, sim bridge."""
+"""Simulation backend: PyBullet plant, randomization, actuator/latency/sensor models, bridge."""

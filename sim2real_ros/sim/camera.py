@@ -1,4 +1,4 @@
-"""A fixed RGB camera on the cell, rendered by PyBullet's CPU renderer, with visual randomization."""
+"""A fixed RGB camera on the cell, rendered by PyBullet's CPU renderer, visually randomized."""
 
 from __future__ import annotations
 

@@ -227,7 +227,9 @@ class SimCore:
         self.stats.interval_redraws += len(due)
         for name in due:
             interval = self.spec.terms[name].interval_s
-            self._next_interval[name] = self._interval_after(now, interval)  # type: ignore[arg-type]
+            self._next_interval[name] = self._interval_after(
+                now, interval  # type: ignore[arg-type]
+            )
 
     # ------------------------------------------------------------------ sensing
     def observe(self) -> Observation:

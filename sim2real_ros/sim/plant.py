@@ -7,10 +7,10 @@ Modelling choices (see docs/sim.md for the reasoning):
 - Joint servo in position mode: a PD on torque computed by us every physics step, with per-joint
   gains scheduled from the inertia each joint of the nominal arm sees with the others free,
   m_j = 1/(M(q)⁻¹)_jj (kp = m_j·ωn², kd = 2ζ·m_j·ωn, refreshed every `GAIN_UPDATE_STEPS`
-  steps), in cascade form
-  so the velocity set-point is clamped at the URDF velocity limit (large steps do not wind up),
-  saturated at the URDF effort limit × torque_limit_scale. No gravity feed-forward and no integral action, as in a plain drive
-  position loop, so payload and mass show up as tracking error and holding torque. The applied
+  steps), in cascade form so the velocity set-point is clamped at the URDF velocity limit
+  (large steps do not wind up), saturated at the URDF effort limit × torque_limit_scale. No
+  gravity feed-forward and no integral action, as in a plain drive position loop, so payload
+  and mass show up as tracking error and holding torque. The applied
   (saturated) motor torque is what `PlantState.tau_nm` reports.
 - Viscous damping: -b·q̇ per joint. It and the servo's kd are explicit, exact while
   c = (kd + b)·dt/M_jj <= 0.5 on the actual inertia (with the default armature every joint of
@@ -306,7 +306,9 @@ class ArmPlant:
         self._effort_limit = self.arm.max_effort_nm * p.torque_limit_scale
         self._effort_limit = np.where(np.isfinite(self._effort_limit), self._effort_limit, 1e9)
         lag = p.motor_lag_s
-        self._lag_alpha = np.where(lag > 0, 1.0 - np.exp(-self.physics_dt_s / np.maximum(lag, 1e-12)), 1.0)
+        self._lag_alpha = np.where(
+            lag > 0, 1.0 - np.exp(-self.physics_dt_s / np.maximum(lag, 1e-12)), 1.0
+        )
         self._lagged = bool(np.any(lag > 0))
         self._lag_l = self._lag_alpha.tolist()
         self._lim_l = self._effort_limit.tolist()
@@ -394,7 +396,8 @@ class ArmPlant:
                 # A thin disc of axial inertia A (transverse A/2) keeps the tensor physical
                 # (PyBullet zeroes tensors that break the triangle inequality).
                 arm_a = p.armature_kgm2[i]
-                inertia = inertia + arm_a * np.outer(a, a) + 0.5 * arm_a * (np.eye(3) - np.outer(a, a))
+                axial = np.outer(a, a)
+                inertia = inertia + arm_a * axial + 0.5 * arm_a * (np.eye(3) - axial)
             if name == payload_link and p.payload_kg > 0:
                 # Lump the point mass into this link: new COM and parallel-axis inertia.
                 m_tot = mass + p.payload_kg
@@ -664,11 +667,13 @@ class ArmPlant:
         self._kp_l = (self._kp * scale).tolist()
         self._kd_l = kd_eff.tolist()
         # Position-loop gain of the cascade (1/s): kp/kd.
-        self._kpos_l = np.where(self._kd > 0, self._kp / np.maximum(self._kd, 1e-300), 0.0).tolist()
+        self._kpos_l = np.where(
+            self._kd > 0, self._kp / np.maximum(self._kd, 1e-300), 0.0
+        ).tolist()
         self._damp_l = self._damp_eff.tolist()
 
     def _free_inertia(self, mass_matrix: Any) -> np.ndarray:
-        """Return 1/(M⁻¹)_jj for the chain joints: the inertia each sees with the others free."""
+        """Return 1/(M⁻¹)_jj for the chain joints: the inertia each sees, the others free."""
         m = np.asarray(mass_matrix, dtype=float)
         try:
             inv_diag = np.diag(np.linalg.inv(m))[self._dof]
@@ -712,7 +717,8 @@ class ArmPlant:
         # per-call overhead, and it dominates the cost of a physics step.
         body, read, c, rj = self._body, self._read_idx, self._client, range(self.n)
         idx = self._idx
-        get_states, set_ctrl, step = pb.getJointStates, pb.setJointMotorControlArray, pb.stepSimulation
+        get_states, set_ctrl = pb.getJointStates, pb.setJointMotorControlArray
+        step = pb.stepSimulation
         torque_mode = pb.TORQUE_CONTROL
         lim, alpha, lagged = self._lim_l, self._lag_l, self._lagged
         vmax = self._vmax_l

@@ -238,7 +238,9 @@ def _parse_term(name: str, data: Any, path: str | None, prefix: str) -> TermSpec
     if joints is not None:
         if d.shape != "joint":
             raise ConfigError(path, f"{key}.joints", joints, f"no joints: {name} is not per joint")
-        if not isinstance(joints, list) or not joints or not all(isinstance(j, str) for j in joints):
+        if not isinstance(joints, list) or not joints or not all(
+            isinstance(j, str) for j in joints
+        ):
             raise ConfigError(path, f"{key}.joints", joints, "a non-empty list of joint names")
         joints = tuple(joints)
     links = data.get("links")
@@ -263,7 +265,9 @@ def _parse_term(name: str, data: Any, path: str | None, prefix: str) -> TermSpec
             raise ConfigError(path, f"{key}.interval_s", interval, "0 < low <= high seconds")
         interval = (i_lo, i_hi)
     elif interval is not None:
-        raise ConfigError(path, f"{key}.interval_s", interval, "no interval_s unless mode: interval")
+        raise ConfigError(
+            path, f"{key}.interval_s", interval, "no interval_s unless mode: interval"
+        )
     shared = data.get("shared", False)
     if not isinstance(shared, bool):
         raise ConfigError(path, f"{key}.shared", shared, "true or false")
@@ -276,7 +280,8 @@ class RandomizationSpec:
 
     terms: dict[str, TermSpec] = field(default_factory=dict)
     path: str | None = None
-    key_prefix: str = field(default="", repr=False, compare=False)  # "randomization." in a calibration
+    # "randomization." when the spec is a section of a calibration file.
+    key_prefix: str = field(default="", repr=False, compare=False)
 
     @property
     def sha256(self) -> str:
@@ -367,7 +372,9 @@ def load_calibration(
         try:
             resolve_params(nominal, arm)
         except ValueError as exc:
-            raise ConfigError(path, "nominal", None, f"per-joint sizes for the arm ({exc})") from None
+            raise ConfigError(
+                path, "nominal", None, f"per-joint sizes for the arm ({exc})"
+            ) from None
     spec = None
     if "randomization" in data:
         spec = RandomizationSpec.from_dict(data["randomization"], path, arm, "randomization.")
