@@ -163,6 +163,8 @@ CASES: list[Case] = [
         e.hil[0], dataclasses.replace(e.hil[0], passed=False, created_utc=NOW.isoformat())])),
     ("actuator", RED, lambda e: with_(sim_(e, actuator={"kp": ax("kp", 0.75, 1.5, "scale")}),
                                       hil=[])),
+    ("actuator", AMBER, lambda e: with_(sim_(e, actuator={}, actuator_structure=(
+        "servo with torque saturation",)), hil=[])),
     # latency
     ("latency", GREEN, lambda e: e),
     ("latency", AMBER, lambda e: with_(e, latency=[])),

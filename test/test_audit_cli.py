@@ -191,6 +191,68 @@ def test_calibration_spec_is_the_simulator_model_when_no_spec_is_given(tmp_path:
     cal.write_text("nominal: {mass_scale: 1.02}\nrandomization:\n  terms:\n    action_delay: "
                    "{operation: abs, distribution: uniform, range: [0.004, 0.006], mode: reset}\n")
     sim, source = sim_model_for(None, [str(cal)])
-    assert sim is not None and source == str(cal)
+    assert sim is not None and source == f"{cal} (randomization)"
     assert sim.latency.action_delay_s == (0.004, 0.006)
     assert sim.latency.observation_delay_s == (0.0, 0.0)
+
+
+def write_unit_calibration(path: Path, unit: str = UNIT, n_runs: int = 3,
+                           age_days: float = 2.0) -> Path:
+    """A calibration in the sysid room's file format, written and checked by its writer."""
+    from sim2real_ros.sysid.calibration import write_calibration
+
+    created = (datetime.now(timezone.utc) - timedelta(days=age_days)).isoformat()
+    noise = {"joint_position_std_rad": [SIGMA_Q] * 6, "joint_velocity_std_rad_s": [3e-3] * 6,
+             "rest_samples": 1500}
+    data = {
+        "unit": {"serial": unit, "cell": "cell-1", "tool": "gripper", "date": created,
+                 "operator_note": "", "envelope_sha256": ""},
+        "created_utc": created,
+        "runs": [f"run{i}" for i in range(n_runs)],
+        "n_runs": n_runs,
+        "nominal": {"mass_scale": 1.03, "joint_damping_nms": [0.6] * 6},
+        "confidence": {}, "spread": {},
+        "latency": {"action_latency_s": 0.008, "observation_latency_s": 0.001},
+        "noise": noise,
+        "randomization": {"terms": {
+            "link_mass": {"operation": "scale", "distribution": "uniform",
+                          "range": [0.98, 1.02], "mode": "reset"},
+            "action_delay": {"operation": "abs", "distribution": "uniform",
+                             "range": [0.006, 0.010], "mode": "reset"},
+            "observation_delay": {"operation": "abs", "distribution": "uniform",
+                                  "range": [0.0, 0.002], "mode": "reset"},
+            "joint_position_noise": {"operation": "abs", "distribution": "uniform",
+                                     "range": [0.8 * SIGMA_Q, 1.25 * SIGMA_Q], "mode": "reset"},
+            "joint_velocity_noise": {"operation": "abs", "distribution": "uniform",
+                                     "range": [0.0024, 0.00375], "mode": "reset"},
+        }},
+    }
+    return write_calibration(data, path)
+
+
+def test_audit_through_a_sysid_calibration_file(tmp_path: Path) -> None:
+    cal = write_unit_calibration(tmp_path / f"{UNIT}.yaml")
+    bag = write_cell_bag(tmp_path / "run1", seconds=2.0)
+    args = ["--calibration", str(cal), "--bag", str(bag), "--unit", UNIT,
+            "--hil-record", str(hil(tmp_path / "hil.json"))]
+    code, report, _ = run([*args, "-o", str(tmp_path / "o")])
+    status = rows(report)
+    assert report["inputs"]["spec"] == f"{cal} (randomization)"
+    assert status["dynamics"] == "green"
+    assert status["actuator"] == "green"
+    # The calibrated spec models noise but no encoder bias/drift and no F/T noise.
+    sensor = next(r for r in report["rows"] if r["gap"] == "sensor")
+    assert sensor["status"] == "amber"
+    assert any("bias or drift" in m for m in sensor["missing"])
+    assert any(m["source"] == f"calibration {cal}" for m in report["measurements"]["noise"])
+    # 7 ms graph + 9 ms identified drive/sensor delay = 16 ms against the calibrated [6, 12] ms.
+    latency = next(r for r in report["rows"] if r["gap"] == "latency")
+    assert any("p50 16.0 ms" in e and "covered" in e and "NOT" not in e
+               for e in latency["evidence"])
+    assert code == 0
+    # Too old, too few runs, another unit: each turns the dynamics row amber.
+    for name, kw in (("old", {"age_days": 31}), ("few", {"n_runs": 2}),
+                     ("other", {"unit": "arm-SN0001"})):
+        c = write_unit_calibration(tmp_path / f"{name}.yaml", **kw)
+        _, rep, _ = run(["--calibration", str(c), "--unit", UNIT, "-o", str(tmp_path / name)])
+        assert rows(rep)["dynamics"] == "amber", name

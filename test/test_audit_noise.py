@@ -20,13 +20,16 @@ def recording(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 def test_position_and_velocity_noise_are_measured_at_rest_only() -> None:
     t, q, v, sigma_q = recording()
-    noise, win = joint_noise_at_rest(t, q, v, "synthetic")
+    effort = 12.0 + 0.5 * q + np.random.default_rng(3).normal(0, 0.05, q.shape)
+    noise, win = joint_noise_at_rest(t, q, v, "synthetic", effort=effort)
     assert win.total == 8  # 4 windows of 0.5 s before the move, 4 after, none during it
     assert all(t1 <= 2.0 or t0 >= 3.0 for t0, t1 in win.t_bounds_s)
     pos = next(m for m in noise if m.key == "joint_position_std_rad")
     vel = next(m for m in noise if m.key == "joint_velocity_std_rad_s")
     np.testing.assert_allclose(pos.std, sigma_q, rtol=0.15)
     np.testing.assert_allclose(vel.std, 3e-3, rtol=0.15)
+    eff = next(m for m in noise if m.key == "joint_effort_std_nm")
+    np.testing.assert_allclose(eff.std, 0.05, rtol=0.15)
 
 
 def test_a_moving_recording_gives_no_noise_measurement() -> None:

@@ -381,17 +381,18 @@ def actuator_row(ev: AuditEvidence, th: Thresholds, now: datetime) -> Row:
                        evidence, ["find and fix the failure, then re-run the HIL evaluation"])
     if valid:
         return Row("actuator", GREEN, "hardware-in-the-loop validated", evidence)
-    bounding = {}
+    bounding: list[str] = []
     if ev.sim is not None:
         act = ev.sim.active("actuator")
+        evidence += [f"simulator always models: {s}" for s in ev.sim.actuator_structure]
         evidence += [f"actuator axis {v.describe()}" for v in act.values()]
-        bounding = {k: v for k, v in act.items() if k in ACTUATOR_BOUNDING_AXES}
+        bounding = list(ev.sim.actuator_structure)
+        bounding += [f"randomized {k}" for k in sorted(act) if k in ACTUATOR_BOUNDING_AXES]
     missing = [f"hardware-in-the-loop evaluation of this unit: >= {th.hil_min_episodes} "
                "episodes, passed (HIL run record)"]
     if bounding:
-        return Row("actuator", AMBER,
-                   f"bounded by actuator models ({', '.join(sorted(bounding))})", evidence,
-                   missing)
+        return Row("actuator", AMBER, f"bounded by actuator models ({'; '.join(bounding)})",
+                   evidence, missing)
     missing.insert(0, f"model the actuator: one of {', '.join(ACTUATOR_BOUNDING_AXES)}")
     return Row("actuator", RED, "commands treated as effects (no actuator model bounds them)",
                evidence, missing)

@@ -111,6 +111,8 @@ class SimModelEvidence:
     actuator: dict[str, RandomizedAxis] = field(default_factory=dict)
     sensor: dict[str, RandomizedAxis] = field(default_factory=dict)
     latency: LatencyModel = field(default_factory=LatencyModel)
+    # Actuator limits the simulator always applies, randomized or not (e.g. torque saturation).
+    actuator_structure: tuple[str, ...] = ()
 
     def active(self, gap: str) -> dict[str, RandomizedAxis]:
         """Return the active axes of one gap (visual, dynamics, actuator, sensor)."""
@@ -140,6 +142,7 @@ SENSOR_CHANNELS = (
 NOISE_MEASURED_KEYS = {
     "joint_position_noise": ("joint_position_std_rad", "rad"),
     "joint_velocity_noise": ("joint_velocity_std_rad_s", "rad/s"),
+    "joint_effort_noise": ("joint_effort_std_nm", "N·m"),
     "ft_force_noise": ("ft_force_std_n", "N"),
     "ft_torque_noise": ("ft_torque_std_nm", "N·m"),
 }
@@ -470,7 +473,8 @@ def bag_evidence(path: str | Path, joint_names: list[str] | None = None) -> BagE
     noise: list[MeasuredNoise] = []
     if any(topic_matches(t, "joint_states") for t in topics):
         js = read_joint_states(path, joint_names)
-        noise, windows = joint_noise_at_rest(js.t_s, js.position, js.velocity, f"bag {path}")
+        noise, windows = joint_noise_at_rest(js.t_s, js.position, js.velocity, f"bag {path}",
+                                             effort=js.effort)
         if noise and any(topic_matches(t, "force_torque_sensor_broadcaster/wrench")
                          for t in topics):
             w = read_wrench(path)

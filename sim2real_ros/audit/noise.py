@@ -66,8 +66,9 @@ def joint_noise_at_rest(
     window_s: float = 0.5,
     max_motion_rad: float = 2e-3,
     min_windows: int = 2,
+    effort: np.ndarray | None = None,
 ) -> tuple[list[MeasuredNoise], RestWindows]:
-    """Return measured position (and velocity) noise per joint, and the rest windows used.
+    """Return measured position (velocity, effort) noise per joint, and the rest windows used.
 
     Empty when fewer than `min_windows` windows are at rest: no rest, no noise measurement.
     """
@@ -84,6 +85,13 @@ def joint_noise_at_rest(
         if np.all(np.isfinite(v)):
             vel = np.median([v[a:b].std(axis=0, ddof=1) for a, b in win.bounds], axis=0)
             out.append(MeasuredNoise("joint_velocity_std_rad_s", tuple(float(x) for x in vel),
+                                     source, n))
+    if effort is not None:
+        e = np.asarray(effort, dtype=float).reshape(len(t), -1)
+        if np.all(np.isfinite(e)):
+            # Holding torque is constant at rest; its trend is not noise.
+            eff = np.median([_detrended_std(t[a:b], e[a:b]) for a, b in win.bounds], axis=0)
+            out.append(MeasuredNoise("joint_effort_std_nm", tuple(float(x) for x in eff),
                                      source, n))
     return out, win
 

@@ -57,6 +57,11 @@ TERM_AXES: dict[str, tuple[str, str]] = {
     "pixel_noise": ("visual", "pixel_noise"),
 }
 
+# What sim/plant.py applies to every position command whatever the spec says: a drive's PD
+# servo whose torque saturates at the URDF effort limits (times torque_limit_scale).
+SIMCORE_ACTUATOR = ("position servo with torque saturation at the URDF effort limits "
+                    "(sim/plant.py)",)
+
 # The simulator's jitter is a per-message N(0, std) added as |jitter|: its 99th percentile is
 # 2.576 std.
 JITTER_P99_PER_STD = 2.576
@@ -113,7 +118,7 @@ def sim_model_from_spec(spec: Any, source: str, camera_enabled: bool = False
                _zero_nominal_range(terms.get("action_drop"))[1])
     latency = LatencyModel(obs, act, JITTER_P99_PER_STD * jit, drop, source)
     return SimModelEvidence(source=source, sha256=spec.sha256, camera_enabled=camera_enabled,
-                            latency=latency, **groups)
+                            latency=latency, actuator_structure=SIMCORE_ACTUATOR, **groups)
 
 
 def camera_enabled_in_config() -> bool:
