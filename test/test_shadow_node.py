@@ -252,3 +252,27 @@ def test_bad_envelope_refuses_to_start(ros_context: Any, tmp_path: Path) -> None
     with pytest.raises(ConfigError, match="version"):
         ShadowComparator(context=ros_context, parameter_overrides=[
             Parameter("envelope_file", value=str(bad)), Parameter("training_stats", value="none")])
+
+
+def test_active_training_stats_follow_the_announced_policy_version(
+    ros_context: Any, tmp_path: Path
+) -> None:
+    from sim2real_ros.policy.registry import PolicyRegistry
+
+    reg = PolicyRegistry(tmp_path / "registry")  # version 1 = the shipped default policy
+    policy, _ = reg.load(1)
+    g = Graph(ros_context, tmp_path, training_stats="active", policy_registry=str(reg.root))
+    try:
+        g.wait_connected()
+        g.set_stage("shadow")
+        g.set_version(1)
+        c = g.comparator
+        assert c.stats_source == "policy registry version 1"
+        assert c.acc.training_stats is not None
+        np.testing.assert_array_equal(c.acc.training_stats.std, policy.stats.std[:12])
+        g.set_version(7)  # not in the registry: coverage becomes unmeasured (fail closed)
+        assert c.acc.training_stats is None and "unavailable" in c.stats_source
+        g.step(5)
+        assert c.build_report()["metrics"]["coverage"] is None
+    finally:
+        g.close()
