@@ -33,7 +33,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Which parameter sets each node's control rate (Hz).
 RATE_PARAMS = {
     "policy_node": "rate_hz",
-    "safety_filter": "rate_hz",
+    "safety_filter": "control_rate_hz",
     "baseline_controller": "rate_hz",
 }
 

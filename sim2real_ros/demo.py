@@ -307,7 +307,40 @@ def _progress_line(probe: Any, runner: Any, t: float) -> str:
             f"policy restarts {restarts}")
 
 
-FALLBACK_WORDS = ("fallback",)
+# What the nodes say about themselves on /diagnostics, kept in the summary next to what the
+# probe measured from outside: (status name fragment, keys).
+NODE_REPORT_KEYS = {
+    "sim_bridge": ("joint_states_rate_hz", "real_time_factor", "overruns", "unit_id"),
+    "safety_filter": ("rollout_stage", "source", "interventions", "events_total", "estop",
+                      "fallback_reason", "tick_p50_us", "tick_p99_us", "rollback_requests"),
+    "policy_node": ("state", "version", "commands_published", "stale_ticks", "ood_max",
+                    "disagreement_max_rad"),
+    "shadow_comparator": ("stage", "recommended_stage", "gate_passed", "gate_failing",
+                          "agreement_rate", "ood_fraction", "fallback_rate", "steps"),
+}
+
+
+def _node_reports(probe: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for node, keys in NODE_REPORT_KEYS.items():
+        for name, (_, _, message, values) in probe.diagnostics.items():
+            if name.startswith(f"{node}:"):
+                out[node] = {"message": message, **{k: values[k] for k in keys if k in values}}
+    history = [h[2] for n, hs in probe.diagnostics_history.items() if n.startswith("sim_bridge:")
+               for h in hs]
+    rtf = [float(v["real_time_factor"]) for v in history if _is_number(v.get("real_time_factor"))]
+    if rtf and "sim_bridge" in out:
+        out["sim_bridge"]["real_time_factor_min"] = min(rtf)
+        out["sim_bridge"]["real_time_factor_median"] = sorted(rtf)[len(rtf) // 2]
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _window_stats(times: list[float], start: float, end: float) -> dict[str, Any]:
@@ -328,8 +361,12 @@ def build_summary(options: DemoOptions, graph: Graph, missing: list[str], runner
     kinds: dict[str, int] = {}
     for e in core.events:
         kinds[str(e.get("kind", "?"))] = kinds.get(str(e.get("kind", "?")), 0) + 1
-    fallback_events = sum(n for k, n in kinds.items() if any(w in k for w in FALLBACK_WORDS))
-    interventions = sum(kinds.values()) - fallback_events
+    reports = _node_reports(probe)
+    fallback_events = kinds.get("fallback", 0)
+    # The filter's own count (events are throttled on the topic); the events as fallback.
+    safety = reports.get("safety_filter", {})
+    interventions = (int(float(safety["interventions"])) if _is_number(safety.get("interventions"))
+                     else kinds.get("intervention", 0))
     switches = [{"t_s": round(t - loop_rel, 3), "source": s} for t, s in core.source_timeline]
     shadow = probe.latched.get("shadow_report") or {}
     recommendation = probe.latched.get("shadow_recommendation") or {}
@@ -394,6 +431,8 @@ def build_summary(options: DemoOptions, graph: Graph, missing: list[str], runner
         "targets": measured["targets"],
         "targets_reached": measured["targets_reached"],
         "reach_tolerance_m": measured["reach_tolerance_m"],
+        "node_reports": reports,
+        "load_average_1_5_15": list(os.getloadavg()),
         "faults": [asdict(f) for f in faults],
         "runner_events": [asdict(e) for e in runner.events],
         "measured": measured,
@@ -413,6 +452,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lat = s["obs_to_command_latency_ms"]
     plat = s["obs_to_policy_command_latency_ms"]
     gate = s.get("gate_status") or {}
+    sim = s.get("node_reports", {}).get("sim_bridge", {})
     lines = [
         "",
         "=" * 72,
@@ -430,13 +470,18 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  (n={lat['n']})",
         f"obs -> policy command      p50 {_fmt(plat['p50'], ' ms')}  "
         f"p99 {_fmt(plat['p99'], ' ms')}  (n={plat['n']})",
-        f"safety interventions       {s['interventions']}   by kind {s['safety_events_by_kind']}",
+        f"safety interventions       {s['interventions']}   events by kind "
+        f"{s['safety_events_by_kind']}",
         f"fallback events            {s['fallback_events']}   source switches "
         f"{[(x['t_s'], x['source']) for x in s['source_switches']][:8]}",
         f"shadow agreement           {_fmt(s['shadow_agreement'], '', 3)}",
         f"gate status                {_gate_line(gate)}",
         f"targets reached            {s['targets_reached']}/{s['targets']} "
         f"(within {s['reach_tolerance_m'] * 100:.0f} cm)",
+        f"sim bridge                 real-time factor "
+        f"{_fmt(sim.get('real_time_factor_median'), '', 3)} (median), joint_states "
+        f"{sim.get('joint_states_rate_hz', 'n/a')} Hz (its own count); host load "
+        f"{', '.join(f'{x:.1f}' for x in s['load_average_1_5_15'])}",
     ]
     for f in s["faults"]:
         d = {k: v for k, v in f["detail"].items() if k not in ("source_switches",)}
@@ -464,6 +509,11 @@ def _gate_line(rec: dict[str, Any]) -> str:
     return line
 
 
+def _legend(ax: Any, loc: str) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc=loc)
+
+
 def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],
                 t_loop0: float | None) -> list[str]:
     """Write overview.png (tracking, confidence, latency, sources) and latency.png."""
@@ -486,7 +536,7 @@ def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],
     ax.axhline(core.reach_tolerance_m * 100, color="g", ls="--", lw=0.8, label="tolerance")
     ax.set_ylabel("distance (cm)")
     ax.set_title("Tracking: tool0 distance to the task target (grey: new target)")
-    ax.legend(loc="upper right")
+    _legend(ax, "upper right")
     ax = axes[1]
     if core.confidence:
         tc, dis, ood = np.array(core.confidence).T
@@ -494,10 +544,10 @@ def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],
         ax2 = ax.twinx()
         ax2.plot(tc - shift, dis, lw=0.8, color="tab:orange", label="ensemble disagreement")
         ax2.set_ylabel("disagreement (rad)")
-        ax2.legend(loc="upper left")
+        _legend(ax2, "upper left")
     ax.set_ylabel("OOD (RMS z)")
     ax.set_title("Policy confidence")
-    ax.legend(loc="upper right")
+    _legend(ax, "upper right")
     ax = axes[2]
     if core.command_latency_trace:
         tl, lat = np.array(core.command_latency_trace).T

@@ -27,6 +27,9 @@ from sim2real_ros.ros.env import child_env
 EXIT_OK = 0
 EXIT_NODE_DIED = 1
 EXIT_UNCLEAN_SHUTDOWN = 3
+# A node that exits with this code refused its configuration (spin_node's ConfigError exit);
+# restarting it would only refuse again, so it is fatal even when the node is restartable.
+EXIT_REFUSED_CONFIG = 2
 
 
 @dataclass
@@ -211,6 +214,11 @@ class GraphRunner:
             proc.expected_exit = True  # handled once
             how = describe_returncode(rc)
             self._event(name, "exited", how, rc)
+            if rc == EXIT_REFUSED_CONFIG:
+                self.say(f"node {name} refused its configuration ({how}); see its log above. "
+                         "Tearing the graph down")
+                self.failed_node = name
+                return name
             if proc.spec.restartable and proc.restarts < self.config.max_restarts:
                 self.say(f"node {name} died ({how}); restarting "
                          f"({proc.restarts + 1}/{self.config.max_restarts})")

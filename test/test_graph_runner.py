@@ -138,3 +138,21 @@ def test_ctrl_c_stops_every_node_cleanly_and_exits_zero(tmp_path: Path) -> None:
     assert "stopping (SIGINT)" in text
     assert "all nodes stopped; exit 0" in text, text
     assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.graph
+def test_a_node_refusing_its_configuration_is_fatal_even_when_restartable() -> None:
+    base = _graph((True,))
+    bad = base.with_parameters("adapter_0", time_from_start_s=5.0)  # above its 1.0 s bound
+    out = io.StringIO()
+    runner = GraphRunner(bad, out=out, config=RunnerConfig(restart_delay_s=0.1))
+    runner.start()
+    try:
+        assert _wait(lambda: runner.poll() == "adapter_0", 15.0), out.getvalue()
+    finally:
+        runner.stop()
+    text = out.getvalue()
+    assert "[adapter_0] [sim2real_ros] refusing to start" in text  # its own message, prefixed
+    assert "time_from_start_s out of range" in text
+    assert "refused its configuration (exit code 2)" in text
+    assert runner.restarts("adapter_0") == 0
