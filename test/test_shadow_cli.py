@@ -231,3 +231,20 @@ def test_live_report_listens_to_the_running_graph(ros_context: Any, tmp_path: Pa
 def test_report_needs_a_bag_or_live(capsys: pytest.CaptureFixture[str]) -> None:
     assert sim2real(["shadow", "report"]) == 2
     assert "a bag or --live" in capsys.readouterr().err
+
+
+def test_evidence_from_another_policy_version_is_refused(
+    owner: StageOwner, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _evidence(tmp_path)  # the bag's confidence messages say version 4
+    version_pub = owner.node.create_publisher(String, "/policy_node/active_version",
+                                              LATCHED_QOS)
+    version_pub.publish(String(data=json.dumps({"version": 5, "sha256": "x", "known_good": 4,
+                                                "reason": "test"})))
+    assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 1
+    assert owner.stage == "shadow"
+    assert "policy version(s) [4], the active version is 5" in capsys.readouterr().err
+    version_pub.publish(String(data=json.dumps({"version": 4, "sha256": "x", "known_good": 4,
+                                                "reason": "test"})))
+    assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 0
+    assert owner.stage == "advisory"

@@ -79,6 +79,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="node that owns the rollout_stage parameter")
     p.add_argument("--recommendation-topic", default=RECOMMENDATION_TOPIC,
                    help="latched recommendation topic of the comparator")
+    p.add_argument("--version-topic", default="/policy_node/active_version",
+                   help="latched active policy version (evidence on another version is refused)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the graph")
 
 
@@ -114,6 +116,24 @@ def evidence_gate(cfg: RolloutConfig, stage: str, to_stage: str, evidence: dict[
         raise ConfigError(source, "metrics.gate_metrics", metrics, "a mapping")
     known = {c.metric for c in CRITERIA.values()}
     return evaluate(cfg.gate_to(to_stage), {k: v for k, v in metrics.items() if k in known})
+
+
+def evidence_versions(evidence: dict[str, Any]) -> set[int]:
+    """Return the policy versions the evidence was gathered on (empty when it does not say)."""
+    versions = (evidence.get("metrics") or {}).get("policy_versions") or []
+    versions = list(versions) + list(evidence.get("policy_versions") or [])
+    return {int(v) for v in versions}
+
+
+def check_versions(evidence: dict[str, Any], active: dict[str, Any] | None, source: str) -> None:
+    """Refuse evidence gathered on other policy versions than the one now active."""
+    seen = evidence_versions(evidence)
+    if active is None or "version" not in active or not seen:
+        return
+    if int(active["version"]) not in seen or len(seen) > 1:
+        raise PromotionRefused(
+            f"the evidence ({source}) was gathered on policy version(s) {sorted(seen)}, the "
+            f"active version is {active['version']}: gather evidence on the active version")
 
 
 def _print_gate(gate: GateResult) -> None:
@@ -154,8 +174,10 @@ def cmd_rollout_promote(args: argparse.Namespace) -> int:
             return EXIT_UNREACHABLE
         if stage not in STAGES:
             raise ConfigError(args.safety_node, "rollout_stage", stage, f"one of {list(STAGES)}")
+        active = graph.latest(args.version_topic, min(args.timeout, 2.0))
         machine = RolloutStateMachine(stage)
         try:
+            check_versions(evidence, active, source)
             gate = evidence_gate(cfg, stage, args.to, evidence, source)
             _print_gate(gate)
             # Checked before touching the graph; the record is written only once the safety

@@ -300,8 +300,11 @@ class ShadowComparator(Node):
         report = self.build_report()
         rec = report["recommendation"]
         self.last_report = report
-        self.last_recommendation = {**rec, "stage_known": self.stage_known,
-                                    "stamp_s": report["stamp_s"]}
+        self.last_recommendation = {
+            **rec, "stage_known": self.stage_known, "stamp_s": report["stamp_s"],
+            # The promotion CLI refuses evidence gathered on another policy version.
+            "policy_versions": report["metrics"]["policy_versions"],
+        }
         self.report_pub.publish(String(data=json.dumps(report, default=json_default)))
         self.rec_pub.publish(
             String(data=json.dumps(self.last_recommendation, default=json_default))
