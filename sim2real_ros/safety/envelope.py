@@ -166,12 +166,13 @@ def derive_envelope_dict(arm: ArmModel, tool_speed_m_s: float = DEFAULT_TOOL_SPE
             lo, hi = -4.0 * math.pi, 4.0 * math.pi
         vel = DEFAULT_VELOCITY_FRACTION * lim.velocity
         acc = vel / DEFAULT_RAMP_TO_VELOCITY_S
+        # Rounded inwards so a derived limit is never looser than the URDF's.
         joints[name] = {
-            "position_rad": [_r(lo), _r(hi)],
-            "velocity_rad_s": _r(vel),
-            "acceleration_rad_s2": _r(acc),
-            "jerk_rad_s3": _r(acc / DEFAULT_RAMP_TO_ACCELERATION_S),
-            "effort_nm": _r(DEFAULT_EFFORT_FRACTION * lim.effort),
+            "position_rad": [_up(lo), _down(hi)],
+            "velocity_rad_s": _down(vel),
+            "acceleration_rad_s2": _down(acc),
+            "jerk_rad_s3": _down(acc / DEFAULT_RAMP_TO_ACCELERATION_S),
+            "effort_nm": _down(DEFAULT_EFFORT_FRACTION * lim.effort),
         }
     reach = _reach_m(arm)
     base_z = float(arm.chain[0].origin[2, 3]) if arm.chain else 0.0
@@ -294,6 +295,14 @@ def load_envelope(path: str | Path, arm: ArmModel) -> Envelope:
 
 def _r(x: float) -> float:
     return float(round(x, 4))
+
+
+def _down(x: float) -> float:
+    return math.floor(x * 1e4 + 1e-6) / 1e4
+
+
+def _up(x: float) -> float:
+    return math.ceil(x * 1e4 - 1e-6) / 1e4
 
 
 def _reach_m(arm: ArmModel) -> float:

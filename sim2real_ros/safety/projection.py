@@ -40,7 +40,7 @@ _SHRINK = 1e-6
 # Commands within this of the request are not an intervention.
 _TOL_ABS = 1e-9
 _BISECT_STEPS = 14
-_CARTESIAN_STEPS = 5
+_CARTESIAN_STEPS = 4
 # Gains of the recovery cascade, per control period (stable for any dt), and the share of the
 # next derivative's limit its square-root laws may plan with (the rest absorbs the lag).
 _POS_GAIN = 0.08
@@ -298,6 +298,7 @@ class Projector:
         self._levers = [0.0] * self.n
         self._exc = [0.0] * self.n
         self._w = [0.0] * self.n
+        self._drift = [0.0] * self.n
         # Cache of the last forward kinematics: configuration, tool position, box distance.
         self._fk_q: list[float] | None = None
         self._fk_dist = -math.inf
@@ -608,35 +609,30 @@ class Projector:
         n = self.n
         q0 = self._fk_q
         speed_max = self.max_tool_speed_m_s * (1.0 - self._tool_speed_margin)
-        exc, w, levers = self._exc, self._w, self._levers
+        exc, w, levers, drift = self._exc, self._w, self._levers, self._drift
+        # Closed-form upper bounds: w = |v| + a^2/(2J) (the speed reached while the
+        # acceleration ramps to zero) and E = the jerk-limited stop from w plus the ramp.
+        for i in range(n):
+            jt = joints[i]
+            vi = abs(v2[i])
+            ai = abs(a2[i])
+            wi = vi + ai * ai * jt.inv_2j
+            e = vi * ai * jt.inv_j + ai * ai * ai * jt.inv_3j2 + wi * (
+                wi * jt.inv_2a + jt.a_over_2j)
+            step = abs(x2[i] - x1[i])
+            exc[i] = e if e > step else step
+            w[i] = wi
+            if q0 is not None:
+                drift[i] = abs(x2[i] - q0[i])
         if q0 is not None:
-            for i in range(n):
-                jt = joints[i]
-                vi = abs(v2[i])
-                ai = abs(a2[i])
-                wi = vi + ai * ai * jt.inv_2j
-                e = vi * ai * jt.inv_j + ai * ai * ai * jt.inv_3j2 + wi * (
-                    wi * jt.inv_2a + jt.a_over_2j)
-                step = abs(x2[i] - x1[i])
-                exc[i] = (e if e > step else step) + abs(x2[i] - q0[i])
-                w[i] = wi
+            # Certify with the last kinematics: the joints moved `drift` since then.
             speed = tail = 0.0
             for k in range(n - 1, -1, -1):
                 lk = levers[k] + tail
                 speed += lk * w[k]
-                tail += lk * exc[k]
+                tail += lk * (exc[k] + drift[k])
             if speed <= speed_max and self._fk_dist - tail >= self._box_margin:
                 return None
-        for i in range(n):
-            jt = joints[i]
-            vi, ai = v2[i], a2[i]
-            e_up = excursion_up(vi, ai, jt.amax, jt.jmax)
-            e_dn = excursion_up(-vi, -ai, jt.amax, jt.jmax)
-            e = e_up if e_up > e_dn else e_dn
-            step = abs(x2[i] - x1[i])
-            exc[i] = e if e > step else step
-            w[i] = max(abs(vi), peak_velocity_up(vi, ai, jt.jmax),
-                       peak_velocity_up(-vi, -ai, jt.jmax))
         px, py, pz = self.kin.tool_position_and_levers(x2, levers)
         lo, hi = self._box_lo, self._box_hi
         dist = min(px - lo[0], hi[0] - px, py - lo[1], hi[1] - py, pz - lo[2], hi[2] - pz)

@@ -402,10 +402,14 @@ class Supervisor:
                 now_s, reaction_periods=periods))
         self.fallback_reason = code
 
-    def tick(self, now_s: float) -> TickResult:
-        """Decide the source, project its command, update the monitor; call once per period."""
+    def tick(self, now_s: float, dt_s: float | None = None) -> TickResult:
+        """Decide the source, project its command, update the monitor; call once per period.
+
+        `dt_s` is the time since the previous tick (default: the nominal period); the
+        projector accepts [0.5, 2] periods and uses the nominal period outside that range.
+        """
         cfg = self.config
-        dt = cfg.period_s
+        dt = cfg.period_s if dt_s is None else dt_s
         self.ticks += 1
         jump = self.clock.check(now_s)
         if jump:
@@ -447,7 +451,7 @@ class Supervisor:
         if source == SOURCE_HOLD and (self.source != SOURCE_HOLD
                                       or hold_reason != self.hold_reason):
             since = self.joint_watch.stale_since() if js != FRESH else None
-            periods = max(0.0, now_s - since) / dt if since is not None else 0.0
+            periods = max(0.0, now_s - since) / cfg.period_s if since is not None else 0.0
             detail = self.estop_reason if hold_reason == "estop" else hold_reason
             self._pending.append(SafetyEvent(ev.HOLD, hold_reason, "", 0.0, detail, now_s,
                                              reaction_periods=periods))
