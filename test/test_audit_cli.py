@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import String
 from test_audit_latency import DelayedController, StatePublisher
 
 from sim2real_ros.audit.evidence import HilRecord, load_hil_record, write_hil_record
@@ -19,6 +22,7 @@ from sim2real_ros.audit.sources import TERM_AXES, sim_model_for
 from sim2real_ros.cli import main
 from sim2real_ros.config import ConfigError
 from sim2real_ros.ros.env import child_env
+from sim2real_ros.ros.qos import LATCHED_QOS
 from sim2real_ros.sysid.bags import (
     BagWriter,
     joint_state_msg,
@@ -157,8 +161,29 @@ def test_hil_record_round_trips_and_old_records_do_not_count(tmp_path: Path) -> 
     assert rows(report)["actuator"] == "amber"
 
 
+class CellReporter(Node):
+    """What a cell's drive and safety filter announce: unit id in /diagnostics, filter status."""
+
+    def __init__(self, context: object, unit: str, envelope_sha: str) -> None:
+        super().__init__("cell_reporter", context=context)  # type: ignore[arg-type]
+        self.status = self.create_publisher(String, "safety_filter/status", LATCHED_QOS)
+        self.status.publish(String(data=json.dumps({
+            "rollout_stage": "shadow", "source": "baseline", "estop": False,
+            "envelope_sha256": envelope_sha})))
+        self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_timer(0.2, self._tick)
+        self.unit = unit
+
+    def _tick(self) -> None:
+        msg = DiagnosticArray()
+        msg.status = [DiagnosticStatus(name="drive", hardware_id=self.unit,
+                                       values=[KeyValue(key="unit_id", value=self.unit)])]
+        self.diag.publish(msg)
+
+
 def test_live_audit_measures_the_running_graph(ros_context: object, tmp_path: Path) -> None:
-    nodes = [StatePublisher(ros_context), DelayedController(ros_context, 0.020)]
+    nodes = [StatePublisher(ros_context), DelayedController(ros_context, 0.020),
+             CellReporter(ros_context, "arm-LIVE", "cd" * 32)]
     executor = SingleThreadedExecutor(context=ros_context)  # type: ignore[arg-type]
     for n in nodes:
         executor.add_node(n)
@@ -179,11 +204,17 @@ def test_live_audit_measures_the_running_graph(ros_context: object, tmp_path: Pa
             executor.remove_node(n)
             n.destroy_node()
         executor.shutdown()
-    (lat,) = report["measurements"]["latency"]
+    assert len(report["measurements"]["latency"]) == 1, report["notes"]
+    lat = report["measurements"]["latency"][0]
     assert lat["source"] == "live graph"
     assert lat["n"] >= 50
     assert 0.020 <= lat["obs_to_command_p50_s"] < 0.040
     assert report["inputs"]["live_s"] == 2.5
+    assert report["units"] == {"live graph": "arm-LIVE"}
+    safety = next(r for r in report["rows"] if r["gap"] == "safety")
+    assert any("safety filter running on the live graph" in e for e in safety["evidence"])
+    # The arm held still: the live joint_states also give an at-rest noise measurement.
+    assert any(m["source"] == "live graph" for m in report["measurements"]["noise"])
 
 
 def test_calibration_spec_is_the_simulator_model_when_no_spec_is_given(tmp_path: Path) -> None:

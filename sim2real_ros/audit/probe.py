@@ -111,6 +111,15 @@ class AuditProbe(Node):
                 if kv.key == "unit_id" and kv.value:
                     self.unit_id = kv.value
 
+    def reset_measurements(self) -> None:
+        """Forget latency pairs and samples (the latched records and the unit id stay)."""
+        self.pairer = LatencyPairer()
+        self.state_t_s.clear()
+        self.state_position.clear()
+        self.state_velocity.clear()
+        self.wrench_t_s.clear()
+        self.wrench.clear()
+
     def latency(self, source: str = "live graph") -> LatencyMeasurement | None:
         """Return the latency measured so far."""
         return self.pairer.measurement(source)
@@ -133,15 +142,32 @@ class AuditProbe(Node):
                 np.vstack(self.state_velocity))
 
 
-def listen(duration_s: float, context: Context | None = None) -> AuditProbe:
-    """Spin a probe for `duration_s` seconds of wall time in its own executor; return it."""
+def listen(duration_s: float, context: Context | None = None, discovery_timeout_s: float = 5.0
+           ) -> AuditProbe:
+    """Spin a probe for `duration_s` seconds of wall time in its own executor; return it.
+
+    First wait (up to `discovery_timeout_s`) until the state, answer and arm command topics
+    have publishers the probe has discovered: on a loaded host DDS discovery takes seconds,
+    and pairs missed while a subscription is still unmatched would shorten the window.
+    """
     probe = AuditProbe(context=context)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(probe)
-    try:
-        deadline = time.monotonic() + duration_s
+    topics = (STATE_TOPIC, COMMAND_TOPIC, ANSWER_TOPICS[0])
+
+    def spin_for(seconds: float, until: object = None) -> None:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            if until is not None and until():  # type: ignore[operator]
+                return
             executor.spin_once(timeout_sec=min(0.05, max(0.0, deadline - time.monotonic())))
+
+    try:
+        spin_for(discovery_timeout_s,
+                 lambda: all(probe.count_publishers(t) > 0 for t in topics))
+        spin_for(0.3)  # let the matched subscriptions deliver before counting
+        probe.reset_measurements()
+        spin_for(duration_s)
     finally:
         executor.remove_node(probe)
         executor.shutdown()
