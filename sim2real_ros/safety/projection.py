@@ -39,6 +39,8 @@ MODES = (POSITION, VELOCITY, EFFORT)
 _SHRINK = 1e-6
 # Commands within this of the request are not an intervention.
 _TOL_ABS = 1e-9
+# Differences this small (relative) are float rounding of the state update, not an intervention.
+_SNAP = 1e-13
 _BISECT_STEPS = 14
 _CARTESIAN_STEPS = 4
 # Gains of the recovery cascade, per control period (stable for any dt), and the share of the
@@ -535,7 +537,8 @@ class Projector:
             a2[i], v2[i] = ai, vi
             x2[i] = x_base[i] + vi * dt
         reason = self._cartesian_violation(x_base, x2, v2, a2)
-        v_prev, a_prev = list(v), list(a)
+        # x_base may be the state list itself, which _commit updates in place.
+        x_prev, v_prev, a_prev = list(x_base), list(v), list(a)
         braking = False
         if reason is not None:
             braking = True
@@ -558,26 +561,38 @@ class Projector:
                 else:
                     bad = mid
             jerks = [b + good * (c - b) for b, c in zip(brake, jerks)]
-        out = self._commit(mode, jerks, dt, x_base)
+        out = self._commit(mode, jerks, dt, x_base, None if braking else req)
         intervened = braking
         for i in range(n):
             if abs(out[i] - req[i]) > _TOL_ABS * (1.0 + abs(req[i])):
                 intervened = True
                 if not braking:
-                    events.append(self._why(i, req[i], out[i], x_base[i], v_prev[i],
+                    events.append(self._why(i, req[i], out[i], x_prev[i], v_prev[i],
                                             a_prev[i], mode, dt))
         return Projection(out, mode, dt, accepted=True, intervened=intervened, events=events,
                           braking=braking)
 
-    def _commit(self, mode: str, jerks: list[float], dt: float, x_base: list[float]
-                ) -> list[float]:
-        """Apply jerks; keep the state equal to the finite differences of what is emitted."""
+    def _commit(self, mode: str, jerks: list[float], dt: float, x_base: list[float],
+                req: list[float] | None = None) -> list[float]:
+        """Apply jerks; keep the state equal to the finite differences of what is emitted.
+
+        With `req`, a result that differs from the request only by float rounding emits the
+        request itself, so a stream inside the envelope passes bit for bit.
+        """
         x, v, a = self.x, self.v, self.a
         out = [0.0] * self.n
         for i in range(self.n):
             ai = a[i] + jerks[i] * dt
             vi = v[i] + ai * dt
             xi = x_base[i] + vi * dt
+            if req is not None:
+                r = req[i]
+                if r != xi and abs(r - xi) <= _SNAP * (1.0 + abs(r)):
+                    if mode == VELOCITY:
+                        vi = r
+                        xi = x_base[i] + vi * dt
+                    else:
+                        xi = r
             if mode == VELOCITY:
                 out[i] = vi
                 x[i] = xi

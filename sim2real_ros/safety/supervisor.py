@@ -428,7 +428,8 @@ class Supervisor:
         elif not self.authority:
             if self._calm_since is None:
                 self._calm_since = now_s
-            if now_s - self._calm_since >= cfg.calm_period_s:
+            # 1 ns slack: times are float seconds, "after 0.2 s" must not become 0.21 s.
+            if now_s - self._calm_since >= cfg.calm_period_s - 1e-9:
                 self.authority = True
                 self.fallback_reason = ""
                 self._pending.append(SafetyEvent(ev.RETURN, "calm_period", "", 0.0,
