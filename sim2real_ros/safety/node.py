@@ -104,7 +104,7 @@ PARAMS = [
               high=1e6, read_only=RO),
     ParamSpec("confidence_timeout_s", 0.05, "policy/confidence stale after (s).", low=0.001,
               high=10.0, read_only=RO),
-    ParamSpec("future_tolerance_s", 0.005,
+    ParamSpec("future_tolerance_s", 0.02,
               "How far a stamp may lead its reference before it counts as from the future (s).",
               low=0.0, high=1.0, read_only=RO),
     ParamSpec("clock_jump_s", 0.5,

@@ -50,7 +50,7 @@ class SupervisorConfig:
     state_timeout_s: float = 0.025
     max_state_age_s: float = 0.1
     confidence_timeout_s: float = 0.05
-    future_tolerance_s: float = 0.005
+    future_tolerance_s: float = 0.02
     clock_jump_s: float = 0.5
     require_confidence: bool = True
     disagreement_enter_rad: float = 0.1
