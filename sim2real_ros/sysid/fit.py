@@ -55,6 +55,7 @@ DEFAULT_GROUPS = (
     "payload_kg",
     LATENCY,
 )
+WARM_START_TRUSTED = ("mass_scale", "payload_kg")
 # Noise floors: a perfectly quiet channel must not get infinite weight.
 MIN_STD = {"q": 1e-5, "qd": 5e-4, "tau": 0.01}
 
@@ -469,32 +470,6 @@ def _savgol(x: np.ndarray, dt_s: float, deriv: int = 0) -> np.ndarray:
     return savgol_filter(x, win, 3, deriv=deriv, delta=dt_s, axis=0)
 
 
-def _target_at(run: RunData, t_s: np.ndarray, latency_s: float, dt_s: float) -> np.ndarray:
-    """Return the delayed command averaged over the physics step starting at each time."""
-    edges = run.cmd_t_s + latency_s
-    i0 = np.clip(np.searchsorted(edges, t_s, side="right") - 1, 0, edges.size - 1)
-    i1 = np.clip(np.searchsorted(edges, t_s + dt_s, side="right") - 1, 0, edges.size - 1)
-    # At most one edge falls inside a step (commands are >= one step apart).
-    frac = np.clip((t_s + dt_s - edges[i1]) / dt_s, 0.0, 1.0)[:, None]
-    same = (i0 == i1)[:, None]
-    return np.where(same, run.cmd[i1], (1.0 - frac) * run.cmd[i0] + frac * run.cmd[i1])
-
-
-class _ServoLaw:
-    """The plant's drive: tau = kp·M_nom(q)·ωn²·(u - q) - kd·M_nom(q)·2ζωn·q̇, saturated."""
-
-    def __init__(self, base: PlantParams, limit_nm: np.ndarray) -> None:
-        self.omega = 2.0 * math.pi * base.servo_bandwidth_hz
-        self.zeta = base.servo_damping_ratio
-        self.limit = limit_nm
-
-    def terms(
-        self, m_nom: np.ndarray, u: np.ndarray, q: np.ndarray, qd: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Return the regressors of kp and kd."""
-        return (self.omega**2 * m_nom * (u - q), -2.0 * self.zeta * self.omega * m_nom * qd)
-
-
 def regression_start(
     plant: ArmPlant,
     runs: list[RunData],
@@ -505,124 +480,36 @@ def regression_start(
     max_rows: int = 4000,
     min_speed_rad_s: float = 0.03,
 ) -> WarmStart:
-    """Estimate servo, rigid-body and friction parameters by linear least squares on efforts.
+    """Estimate rigid-body, damping and friction parameters by linear least squares on efforts.
 
-    1. Servo law (linear in the gain scales) at a scan of latencies around the cross-correlation
-       estimate: the best-explained latency and the gains. No simulation is needed.
-    2. A joint state reports the torque of the physics step that ends at its stamp only; the
-       torques of the steps between samples are rebuilt from the servo law, so the torque
-       averaged over each sample interval is unbiased (a 100 Hz command staircase otherwise
-       biases the damping badly).
-    3. Inverse dynamics: averaged effort = M(q)q̈ + h(q, q̇) + b q̇ + F sign(q̇), linear in
-       mass scale, mass x inertia scale, payload, damping and friction, with effort and motion
-       through the same low-pass filter.
-    Needs efforts; returns the base values otherwise.
+    Measured effort = M(q)q̈ + h(q, q̇) + b q̇ + F sign(q̇): the plant's inverse dynamics is
+    linear in mass scale, mass x inertia scale and payload, and the joint losses are linear in
+    b and F. Effort and motion go through the same zero-phase low-pass. Only the inverse
+    dynamics of the plant is used, not its drive, so this does not depend on how the servo is
+    built; servo gains and latency are left to the simulation fit. Sampled efforts of a drive
+    fed a 100 Hz staircase are biased, so damping in particular is only a starting point.
+    Needs efforts; returns no values otherwise.
     """
     from scipy.optimize import lsq_linear
 
+    del latency_s, max_latency_s  # kept in the signature for callers; the drive is not modelled
     n = plant.n
     values: dict[str, float] = {}
     if any(r.tau is None for r in runs):
         return WarmStart(values, None, 0)
     base = plant.resolved_params(base)
     free = set(groups)
-    dt = plant.physics_dt_s
     total = sum(r.t_s.size for r in runs)
     stride = max(1, total // max_rows)
-    law = _ServoLaw(base, plant.arm.max_effort_nm * np.asarray(base.torque_limit_scale))
-
-    # Nominal joint-space inertia (sets the drive's gains) at a subsample, interpolated.
-    plant.set_params(PlantParams())
-    m_nom_all = []
-    for r in runs:
-        ks = np.unique(np.r_[np.arange(0, r.t_s.size, max(1, stride)), r.t_s.size - 1])
-        mk = np.array([np.diag(plant.mass_matrix(r.q[i])) for i in ks])
-        m_nom_all.append(np.column_stack([np.interp(r.t_s, r.t_s[ks], mk[:, j])
-                                          for j in range(n)]))
-    plant.set_params(base)
-
-    # --- 1. servo law at a scan of latencies
-    kp = np.asarray(base.kp_scale, dtype=float).copy()
-    kd = np.asarray(base.kd_scale, dtype=float).copy()
-    best_latency: float | None = None
-    if free & {"kp_scale", "kd_scale", LATENCY}:
-        rows = [np.arange(2, r.t_s.size, stride) for r in runs]
-
-        def servo_fit(lat: float) -> tuple[float, np.ndarray, np.ndarray]:
-            sse = 0.0
-            kp_l, kd_l = kp.copy(), kd.copy()
-            parts = []
-            for r, k, mn in zip(runs, rows, m_nom_all):
-                assert r.tau is not None
-                u = _target_at(r, r.t_s[k] - dt, lat, dt)
-                # state at the start of the step the reported torque belongs to
-                xp, xd = law.terms(mn[k], u, r.q[k] - dt * r.qd[k], r.qd[k])
-                ok = np.abs(r.tau[k]) < 0.95 * law.limit
-                parts.append((xp, xd, r.tau[k], ok))
-            for j in range(n):
-                xp = np.concatenate([p[0][p[3][:, j], j] for p in parts])
-                xd = np.concatenate([p[1][p[3][:, j], j] for p in parts])
-                yy = np.concatenate([p[2][p[3][:, j], j] for p in parts])
-                if xp.size < 10:
-                    continue
-                if "kd_scale" in free:
-                    sol, *_ = np.linalg.lstsq(np.vstack([xp, xd]).T, yy, rcond=None)
-                    kp_l[j], kd_l[j] = sol
-                elif "kp_scale" in free:
-                    kp_l[j] = float(xp @ (yy - kd_l[j] * xd) / max(xp @ xp, 1e-300))
-                resid = yy - kp_l[j] * xp - kd_l[j] * xd
-                sse += float(resid @ resid)
-            return sse, kp_l, kd_l
-
-        if LATENCY in free:
-            from scipy.optimize import minimize_scalar
-
-            # coarse scan (the servo error has local minima one command period apart), then
-            # a fine bounded search: the torque rebuild below needs the latency to ~0.1 ms
-            grid = np.unique(np.clip(latency_s + np.arange(-0.015, 0.01501, 0.001), 0.0,
-                                     max_latency_s))
-            coarse = [servo_fit(float(L))[0] for L in grid]
-            g = float(grid[int(np.argmin(coarse))])
-            fine = minimize_scalar(lambda L: servo_fit(float(L))[0],
-                                   bounds=(max(g - 0.001, 0.0), min(g + 0.001, max_latency_s)),
-                                   method="bounded", options={"xatol": 2e-5})
-            best_latency = float(fine.x)
-        _, kp_fit, kd_fit = servo_fit(best_latency if best_latency is not None else latency_s)
-        lo_k, hi_k = PARAM_GROUPS["kp_scale"][:2]
-        kp, kd = np.clip(kp_fit, lo_k, hi_k), np.clip(kd_fit, lo_k, hi_k)
-        if "kp_scale" in free:
-            values.update({f"kp_scale[{j}]": float(kp[j]) for j in range(n)})
-        if "kd_scale" in free:
-            values.update({f"kd_scale[{j}]": float(kd[j]) for j in range(n)})
-    lat = best_latency if best_latency is not None else latency_s
-
-    # --- 2. effort averaged over each sample interval, motion at the interval's middle
     samples = []
-    for r, mn in zip(runs, m_nom_all):
+    for r in runs:
         assert r.tau is not None
         period = r.sample_period_s
-        steps = max(1, int(round(period / dt)))
-        tau_avg = r.tau.copy()
-        if steps > 1:
-            acc = r.tau.copy()
-            for m in range(steps - 1):
-                # the step starting m·dt after the previous sample (the last step of the
-                # interval is the measured one): state interpolated between the samples
-                w = m / steps
-                q_m = np.vstack([r.q[:1], (1 - w) * r.q[:-1] + w * r.q[1:]])
-                qd_m = np.vstack([r.qd[:1], (1 - w) * r.qd[:-1] + w * r.qd[1:]])
-                t_m = np.r_[r.t_s[0], r.t_s[:-1] + m * dt]
-                u = _target_at(r, t_m, lat, dt)
-                xp, xd = law.terms(mn, u, q_m, qd_m)
-                acc += np.clip(kp * xp + kd * xd, -law.limit, law.limit)
-            tau_avg = acc / steps
-        tau_f = _savgol(tau_avg, period)
+        tau_f = _savgol(r.tau, period)
         qd_f = _savgol(r.qd, period)
         qdd_f = _savgol(r.qd, period, deriv=1)
-        shift = 0.5 * period  # the interval's middle, before the stamp
         k = np.arange(10, r.t_s.size - 10, stride)
-        samples.append((r.q[k] - shift * qd_f[k], qd_f[k] - shift * qdd_f[k], qdd_f[k],
-                        tau_f[k]))
+        samples.append((r.q[k], qd_f[k], qdd_f[k], tau_f[k]))
 
     zero_arm = base.copy()
     zero_arm.armature_kgm2 = np.zeros(n)
@@ -714,11 +601,14 @@ def regression_start(
             values["inertia_scale"] = float(est.pop("gamma") / max(values.get("mass_scale", sm),
                                                                    1e-9))
         values.update({k: float(v) for k, v in est.items()})
-    # keep every estimate inside its group's bounds
+    # Only the gravity-dominated estimates are trusted as a start: sampled efforts of a drive
+    # fed a command staircase bias the velocity and acceleration terms (damping, friction,
+    # inertia) towards zero, and a start at the base values converges better.
+    values = {k: v for k, v in values.items() if k in WARM_START_TRUSTED}
     for name, v in list(values.items()):
         lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
         values[name] = float(np.clip(v, lo_, hi_))
-    return WarmStart(values, best_latency, rows_used)
+    return WarmStart(values, None, rows_used)
 
 
 def _progress(total: int, enabled: bool, desc: str) -> Any:
@@ -844,12 +734,9 @@ def _fit(
 
     defs = param_defs(tuple(opts.groups), n)
     warm = regression_start(plant, train, base, tuple(opts.groups), latency0, opts.max_latency_s)
-    if warm.latency_s is not None and LATENCY in opts.groups:
-        latency0 = warm.latency_s
     if warm.values:
         say(f"warm start from {warm.rows} effort samples: " + ", ".join(
             f"{k}={v:.3g}" for k, v in warm.values.items()))
-        say(f"latency that best explains the servo torques: {latency0 * 1e3:.1f} ms")
     x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
     typ = np.array([d.typical for d in defs])
     lo = np.array([d.lower for d in defs])

@@ -133,3 +133,33 @@ def synthetic_metadata(serial: str, run_index: int, excitation: Excitation) -> d
         run_id=f"run{run_index}",
         excitation=excitation.describe(),
     )
+
+
+def default_hidden_unit() -> tuple[PlantParams, float]:
+    """Return the hidden parameters and action latency (s) of the synthetic reference unit.
+
+    Far enough from the nominal plant that calibration matters (damping x0.4-2.4, Coulomb
+    friction where the nominal has none, gains ±15 %, 8 % heavier, a 0.5 kg tool, 12 ms).
+    """
+    return (
+        PlantParams(
+            mass_scale=1.08,
+            payload_kg=0.5,
+            joint_damping_nms=np.array([0.8, 1.2, 0.6, 0.3, 0.25, 0.2]),
+            joint_friction_nm=np.array([1.5, 2.0, 1.0, 0.3, 0.3, 0.2]),
+            kp_scale=np.array([0.9, 1.1, 0.95, 1.05, 0.85, 1.0]),
+        ),
+        0.012,
+    )
+
+
+def run_variation(params: PlantParams, run_index: int, seed: int = 0,
+                  rel_std: float = 0.02) -> PlantParams:
+    """Return params with the small run-to-run changes a real unit shows (warm-up, grease)."""
+    rng = np.random.default_rng([seed, run_index])
+    p = params.copy()
+    for name in ("joint_damping_nms", "joint_friction_nm"):
+        v = getattr(p, name)
+        if v is not None:
+            setattr(p, name, np.asarray(v) * (1.0 + rel_std * rng.standard_normal(np.size(v))))
+    return p
