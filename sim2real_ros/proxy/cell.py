@@ -17,8 +17,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -48,10 +49,12 @@ class ProxyArmProcess:
     """The proxy_arm node as its own process (python -m sim2real_ros.proxy.node)."""
 
     def __init__(self, unit_file: Path, log_path: Path,
-                 initial_positions_rad: np.ndarray | None = None) -> None:
+                 initial_positions_rad: np.ndarray | None = None,
+                 publish_rate_hz: float | None = None) -> None:
         self.unit_file = Path(unit_file)
         self.log_path = Path(log_path)
         self.initial = initial_positions_rad
+        self.rate_hz = publish_rate_hz
         self.popen: subprocess.Popen[bytes] | None = None
         self._log: TextIO | None = None
 
@@ -63,6 +66,8 @@ class ProxyArmProcess:
         if self.initial is not None:
             vals = ",".join(f"{v:.6f}" for v in np.asarray(self.initial, dtype=float))
             args += ["-p", f"initial_positions_rad:=[{vals}]"]
+        if self.rate_hz is not None:
+            args += ["-p", f"publish_rate_hz:={float(self.rate_hz)}"]
         return args
 
     def start(self) -> None:
@@ -93,10 +98,10 @@ class ProxyArmProcess:
 
 
 @contextmanager
-def proxy_arm(unit_file: Path, log_path: Path,
-              initial_positions_rad: np.ndarray | None = None) -> Iterator[ProxyArmProcess]:
+def proxy_arm(unit_file: Path, log_path: Path, initial_positions_rad: np.ndarray | None = None,
+              publish_rate_hz: float | None = None) -> Iterator[ProxyArmProcess]:
     """Run the proxy arm for the duration of a with-block."""
-    arm = ProxyArmProcess(unit_file, log_path, initial_positions_rad)
+    arm = ProxyArmProcess(unit_file, log_path, initial_positions_rad, publish_rate_hz)
     arm.start()
     try:
         yield arm
@@ -105,34 +110,104 @@ def proxy_arm(unit_file: Path, log_path: Path,
 
 
 @contextmanager
-def real_backend_graph(
-    registry_root: Path, policy_version: int, rollout_stage: str, log_dir: Path,
-    leave_out: tuple[str, ...] = ("task_sequencer",),
-) -> Iterator[object]:
-    """Run the graph of `sim2real run --backend real` for a with-block; yield the runner."""
-    from sim2real_ros.graph import GraphArgs, build_graph
+def run_graph(graph: object, log_dir: Path, registry_root: Path | None = None
+              ) -> Iterator[object]:
+    """Run a graph with the runner of `sim2real run` for a with-block; yield the runner."""
     from sim2real_ros.runner import GraphRunner, RunnerConfig
 
-    graph = build_graph(GraphArgs(backend="real", rollout_stage=rollout_stage,
-                                  policy_version=str(policy_version)))
-    graph = graph.without([n for n in leave_out if n in graph.names()])
-    missing = graph.missing()
+    missing = graph.missing()  # type: ignore[attr-defined]
     if missing:
-        raise CellError(f"the real-backend graph lacks nodes not installed yet: {missing}")
+        raise CellError(f"the graph lacks nodes not installed yet: {missing}")
     log_dir.mkdir(parents=True, exist_ok=True)
+    # One intra-op thread per torch process: batch-1 inference of a small MLP gains nothing
+    # from a pool, and a pool per node fights the other nodes for the cores (measured here:
+    # the policy node fell to ~10 Hz with the default pool).
+    env = {"OMP_NUM_THREADS": "1"}
+    if registry_root is not None:
+        env[REGISTRY_ENV] = str(registry_root)
     out = open(log_dir / "graph.log", "a")  # noqa: SIM115 - closed below
-    runner = GraphRunner(graph, out=out, log_dir=log_dir, config=RunnerConfig(
-        grace_s=5.0,
-        # One intra-op thread per torch process: batch-1 inference of a small MLP gains
-        # nothing from a pool, and a pool per node fights the other nodes for the cores
-        # (measured here: the policy node fell to ~10 Hz with the default pool).
-        extra_env={REGISTRY_ENV: str(registry_root), "OMP_NUM_THREADS": "1"}))
+    runner = GraphRunner(graph, out=out, log_dir=log_dir,  # type: ignore[arg-type]
+                         config=RunnerConfig(grace_s=5.0, extra_env=env))
     runner.start()
     try:
         yield runner
     finally:
         runner.stop()
         out.close()
+
+
+# The stage the graph starts in: the baseline drives until the policy streams; the evaluation
+# then sets the stage it measures (see evaluate.evaluate_on_graph). Started directly in `full`,
+# the safety filter's rollback monitor sees the seconds before the policy node is up as a
+# 100 % fallback rate and demotes the stage for good (observed: full -> limited -> advisory
+# within 7 s of start-up on the 2-core machine).
+START_STAGE = "shadow"
+
+
+def safety_timing(timeout_s: float) -> dict[str, float]:
+    """Safety-filter overrides for a loaded host: stream timeouts and stamp tolerance.
+
+    The shipped values (25 ms stream timeouts, 5 ms future-stamp tolerance) fit a cell's
+    real-time host; on 2 shared cores the filter's own joint_states queue lags the policy's by
+    more than 5 ms, so answers to the newest state were rejected as "from the future" and
+    latched the e-stop (observed). 0 = the shipped values.
+    """
+    if timeout_s <= 0:
+        return {}
+    return {"command_timeout_s": timeout_s, "baseline_timeout_s": timeout_s,
+            "state_timeout_s": timeout_s, "confidence_timeout_s": timeout_s,
+            "future_tolerance_s": timeout_s / 2}
+
+
+def real_backend_graph(
+    registry_root: Path, policy_version: int, rollout_stage: str, log_dir: Path,
+    leave_out: tuple[str, ...] = ("task_sequencer",), safety_timeout_s: float = 0.0,
+) -> Any:
+    """The graph of `sim2real run --backend real --policy-version V --rollout-stage S`."""
+    from sim2real_ros.graph import GraphArgs, build_graph
+
+    from sim2real_ros.graph import ROLLOUT_STAGES
+
+    if rollout_stage not in ROLLOUT_STAGES:
+        raise ValueError(f"rollout_stage {rollout_stage!r}: expected one of {ROLLOUT_STAGES}")
+    graph = build_graph(GraphArgs(backend="real", rollout_stage=START_STAGE,
+                                  policy_version=str(policy_version)))
+    graph = graph.without([n for n in leave_out if n in graph.names()])
+    extra = safety_timing(safety_timeout_s)
+    if extra:
+        graph = graph.with_parameters("safety_filter", **extra)
+    return run_graph(graph, log_dir, registry_root)
+
+
+def sysid_support_graph(unit_id: str, log_dir: Path, safety_timeout_s: float = 0.0) -> Any:
+    """The sysid graph of launch/sysid.launch.py (backend real) without its recorder.
+
+    `sim2real sysid excite` then runs the recorder against it, as on a cell where the graph
+    was started by `ros2 launch sim2real_ros sysid.launch.py backend:=real`. The safety filter
+    starts in START_STAGE and is set to the graph's stage (`full`) once the recorder streams
+    (evaluate.set_stage_when_streaming), for the same start-up reason as above.
+    """
+    from sim2real_ros.graph import GraphArgs, NodeSpec, build_graph
+    from sim2real_ros.sysid.graph import RECORDER, sysid_nodes
+
+    base = build_graph(GraphArgs(backend="real", rollout_stage="full"))
+    specs = []
+    for d in sysid_nodes(unit_id, backend="real"):
+        if d["name"] == RECORDER:
+            continue
+        files = tuple(str(x) for x in d["parameters"] if not isinstance(x, dict))
+        overrides: dict[str, Any] = {}
+        for x in d["parameters"]:
+            if isinstance(x, dict):
+                overrides.update(x)
+        if d["name"] == "safety_filter":
+            overrides["rollout_stage"] = START_STAGE
+            overrides.update(safety_timing(safety_timeout_s))
+        specs.append(NodeSpec(
+            name=d["name"], executable=d["executable"], module=d["module"],
+            parameter_files=files, parameters=tuple(overrides.items()),
+            remappings=tuple((str(a), str(b)) for a, b in d["remappings"]), role="control"))
+    return run_graph(replace(base, nodes=tuple(specs)), log_dir)
 
 
 def check_graph(runner: object) -> None:

@@ -31,6 +31,7 @@ SAFETY_STATUS = "safety_filter/status"
 POLICY_COMMAND = "policy/joint_command"
 BASE_FRAME = "base_link"
 DIAGNOSTICS = "/diagnostics"
+SAFETY_NODE = "/safety_filter"
 DRIVER_STATUS_PREFIX = "proxy_arm"  # a real cell's driver reports its own name here
 
 
@@ -41,7 +42,11 @@ class GraphCounters:
     interventions: int = 0  # safety_filter/events messages
     fallbacks: int = 0  # status changes to a source other than the policy
     event_kinds: dict[str, int] = field(default_factory=dict)
-    sources_seen: list[str] = field(default_factory=list)
+    # "kind/limit/detail" -> count: which limit or check fired (what an operator reads first)
+    event_details: dict[str, int] = field(default_factory=dict)
+    source_changes: dict[str, int] = field(default_factory=dict)  # changes to each source
+    estops: int = 0  # times the status reported a newly latched e-stop
+    stage_changes: list[str] = field(default_factory=list)  # e.g. "full->limited" (monitor)
     policy_commands: int = 0
     arm_commands: int = 0
     hardware_id: str = ""  # the arm driver's hardware_id on /diagnostics (the unit's serial)
@@ -117,6 +122,8 @@ def _make_driver_class() -> type:
             self.commands: list[np.ndarray] = []
             self.counters = GraphCounters()
             self._source: str | None = None
+            self._estop = False
+            self.stage = ""
             # Transient local: a late-joining policy node still gets the current target.
             self._target_pub = self.create_publisher(PointStamped, TARGET_TOPIC, LATCHED_QOS)
             self.create_subscription(JointState, JOINT_STATES, self._on_state, STATE_QOS)
@@ -156,10 +163,14 @@ def _make_driver_class() -> type:
         def _on_event(self, msg: Any) -> None:
             self.counters.interventions += 1
             try:
-                kind = str(json.loads(msg.data).get("kind", "unknown"))
+                event = json.loads(msg.data)
+                kind = str(event.get("kind", "unknown"))
+                detail = "/".join(str(event.get(k, "")) for k in ("kind", "limit", "detail"))
             except (ValueError, AttributeError):
-                kind = "unparsable"
-            self.counters.event_kinds[kind] = self.counters.event_kinds.get(kind, 0) + 1
+                kind = detail = "unparsable"
+            c = self.counters
+            c.event_kinds[kind] = c.event_kinds.get(kind, 0) + 1
+            c.event_details[detail] = c.event_details.get(detail, 0) + 1
 
         def _on_diagnostics(self, msg: Any) -> None:
             for st in msg.status:
@@ -168,14 +179,24 @@ def _make_driver_class() -> type:
 
         def _on_status(self, msg: Any) -> None:
             try:
-                source = str(json.loads(msg.data).get("source", ""))
+                status = json.loads(msg.data)
+                source = str(status.get("source", ""))
             except (ValueError, AttributeError):
                 return
+            c = self.counters
             if source and source != self._source:
-                self.counters.sources_seen.append(source)
+                c.source_changes[source] = c.source_changes.get(source, 0) + 1
                 if self._source is not None and source != "policy":
-                    self.counters.fallbacks += 1
+                    c.fallbacks += 1
                 self._source = source
+            estop = bool(status.get("estop", False))
+            if estop and not self._estop:
+                c.estops += 1
+            self._estop = estop
+            stage = str(status.get("rollout_stage", ""))
+            if stage and self.stage and stage != self.stage:
+                c.stage_changes.append(f"{self.stage}->{stage}")
+            self.stage = stage or self.stage
 
     return EvaluationDriver
 
@@ -192,14 +213,18 @@ class ProxyEvaluation:
 
 def evaluate_on_graph(
     arm: ArmModel, task: TaskConfig, targets: np.ndarray, alive: Callable[[], None],
+    promote_to: str | None = None,
     warmup_timeout_s: float = 90.0,
     progress: Callable[[int, EpisodeResult], None] | None = None,
 ) -> ProxyEvaluation:
     """Drive the running graph through the targets and score each episode.
 
     `alive()` is called every spin and must raise when a process of the cell died. The first
-    target is held until the policy's commands reach the arm (node start-up), then the arm is
-    given one episode to settle there before the scored episodes begin.
+    target (the home pose's tool position) is held until the policy streams and commands reach
+    the arm (node start-up); then, with `promote_to`, the safety filter's `rollout_stage` is
+    set to it (the graph was started in a stage where the baseline drives, so the wrapper's
+    monitor never judges a policy that has not started yet); the arm gets one episode to settle
+    before the scored episodes begin.
     """
     import rclpy
     from rclpy.context import Context
@@ -234,10 +259,17 @@ def evaluate_on_graph(
                     f"{driver.counters.arm_commands}, joint_states: {len(driver.states)})")
             driver.publish_target(home_tool)
             spin_for(0.1)
+        if promote_to is not None:
+            from sim2real_ros.ros.graph_util import set_remote_parameters
+
+            refused = set_remote_parameters(driver, ex, SAFETY_NODE,
+                                            {"rollout_stage": promote_to})
+            if refused:
+                raise RuntimeError(f"{SAFETY_NODE} refused rollout_stage={promote_to}: "
+                                   f"{refused}")
         spin_for(task.episode_s)
         warmup_s = time.monotonic() - t_start
-        driver.counters = GraphCounters(sources_seen=list(driver.counters.sources_seen),
-                                        hardware_id=driver.counters.hardware_id)
+        driver.counters = GraphCounters(hardware_id=driver.counters.hardware_id)
         scorer = EpisodeScorer(arm, task)
         results: list[EpisodeResult] = []
         for k, target in enumerate(targets):
@@ -272,6 +304,87 @@ def evaluate_on_graph(
     finally:
         ex.remove_node(driver)
         driver.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
+def set_stage_when_streaming(stage: str, alive: Callable[[], None],
+                             done: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Once policy/joint_command streams, set the safety filter's rollout_stage to `stage`.
+
+    For the sysid runs: the recorder's excitation arrives on policy/joint_command; the filter
+    starts in a stage where the baseline holds the arm and is switched when the stream is
+    there. Returns False when `done()` became true before any command was seen.
+    """
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+    from sensor_msgs.msg import JointState
+
+    from sim2real_ros.ros.graph_util import set_remote_parameters
+    from sim2real_ros.ros.qos import STATE_QOS
+
+    ctx = Context()
+    rclpy.init(context=ctx)
+    node = Node("transfer_stage_setter", context=ctx)
+    seen: list[int] = []
+    node.create_subscription(JointState, POLICY_COMMAND, lambda m: seen.append(1), STATE_QOS)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    try:
+        end = time.monotonic() + timeout_s
+        while len(seen) < 3:
+            if done():
+                return False
+            if time.monotonic() > end:
+                raise TimeoutError(f"no {POLICY_COMMAND} within {timeout_s:.0f} s")
+            ex.spin_once(timeout_sec=0.01)
+            alive()
+        refused = set_remote_parameters(node, ex, SAFETY_NODE, {"rollout_stage": stage})
+        if refused:
+            raise RuntimeError(f"{SAFETY_NODE} refused rollout_stage={stage}: {refused}")
+        return True
+    finally:
+        ex.remove_node(node)
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
+def observe_unit_id(alive: Callable[[], None], timeout_s: float = 30.0) -> str:
+    """Return the arm driver's hardware_id from /diagnostics (how a cell names its unit)."""
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+
+    from sim2real_ros.ros.qos import STATE_QOS
+
+    ctx = Context()
+    rclpy.init(context=ctx)
+    node = Node("transfer_unit_probe", context=ctx)
+    found: list[str] = []
+
+    def on_diag(msg: Any) -> None:
+        for st in msg.status:
+            if st.name.startswith(DRIVER_STATUS_PREFIX) and st.hardware_id:
+                found.append(st.hardware_id)
+
+    node.create_subscription(DiagnosticArray, DIAGNOSTICS, on_diag, STATE_QOS)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    try:
+        end = time.monotonic() + timeout_s
+        while not found and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+            alive()
+        if not found:
+            raise TimeoutError(f"no arm driver reported a hardware_id on {DIAGNOSTICS} within "
+                               f"{timeout_s:.0f} s")
+        return found[-1]
+    finally:
+        ex.remove_node(node)
+        node.destroy_node()
         rclpy.shutdown(context=ctx)
 
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import signal
 import shutil
 import subprocess
 import sys
@@ -58,6 +60,12 @@ class ExperimentConfig:
     sim_episodes: int = 60
     proxy_episodes: int = 30
     eval_rollout_stage: str = "full"
+    # joint_states / wrench rate of the proxy's broadcasters (Hz). 250 Hz, not the node's 500:
+    # every node of the graph takes each message in Python on 2 shared cores (see docs).
+    proxy_rate_hz: float = 250.0
+    # > 0: the safety filter's stream timeouts for this host (s), future-stamp tolerance half
+    # of it (cell.safety_timing); 0 = the shipped 25 ms / 5 ms. Recorded with every result.
+    safety_timeout_s: float = 0.1
     # training (policy.train.TrainConfig fields applied to all three trainings)
     train_algo: str = "dagger"
     # Sized so that three trainings fit the 45-minute budget on 2 cores (one took ~110 s
@@ -73,7 +81,9 @@ class ExperimentConfig:
     excitation_s: float = 20.0
     # step 4
     finetune_trajectories: int = 100
-    collect_rollout_stage: str = "limited"
+    # shadow: the baseline drives the proxy and the fine-tune learns what it did (the policy
+    # room's finetune imitates the commands that reached the arm)
+    collect_rollout_stage: str = "shadow"
     # budget shown in the progress display (s); informational
     budget_s: float = 45 * 60.0
 
@@ -339,10 +349,12 @@ def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path, spec: Path
     ctx.progress.say(f"proxy eval {label}: registry version {version}, "
                      f"{len(targets)} episodes, rollout stage {ctx.cfg.eval_rollout_stage}")
     with real_backend_graph(ctx.registry_root, version, ctx.cfg.eval_rollout_stage,
-                            stage_dir / f"logs_{label}") as runner:
+                            stage_dir / f"logs_{label}",
+                            safety_timeout_s=ctx.cfg.safety_timeout_s) as runner:
         bar = ctx.progress.bar(len(targets), f"proxy eval {label}")
         ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
                                alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                               promote_to=ctx.cfg.eval_rollout_stage,
                                progress=lambda k, r: bar.update(1))
         bar.close()
     summary = summarize(ev.results)
@@ -439,7 +451,7 @@ def _with_proxy(ctx: Context, out: Path, body: Callable[[], dict[str, Any]]) -> 
 
     ensure_dds_env()
     with proxy_arm(ctx.cfg.unit_path(), out / "proxy_arm.log",
-                   np.array(TaskConfig().home_rad)) as arm:
+                   np.array(TaskConfig().home_rad), ctx.cfg.proxy_rate_hz) as arm:
         ctx.proxy = arm
         try:
             return body()
@@ -473,16 +485,26 @@ def _require(module: str, what: str) -> Any:
     return importlib.import_module(module)
 
 
-def _sim2real(args: list[str], log: Path, what: str, ok_codes: tuple[int, ...] = (0,)) -> int:
-    """Run a `sim2real ...` command of another room as a user would; StageBlocked on failure."""
+def _sim2real(args: list[str], log: Path, what: str, ok_codes: tuple[int, ...] = (0,),
+              echo: bool = False) -> int:
+    """Run a `sim2real ...` command of another room as a user would; StageBlocked on failure.
+
+    Its output goes to `log`; with `echo` its complete lines are shown indented too.
+    """
     from sim2real_ros.ros.env import child_env
 
     cmd = [sys.executable, "-m", "sim2real_ros.cli", *args]
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=child_env(),
-                            check=False).returncode
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=child_env(), text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fh.write(line)
+            if echo and line.endswith("\n") and "\r" not in line:
+                print(f"      | {line.rstrip()}", flush=True)
+        rc = proc.wait()
     if rc not in ok_codes:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise StageBlocked(f"{what}: `sim2real {' '.join(args[:2])}` exited {rc}; "
@@ -491,22 +513,72 @@ def _sim2real(args: list[str], log: Path, what: str, ok_codes: tuple[int, ...] =
 
 
 def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 3a: >= 3 excitation runs on the proxy, recorded by the sysid recorder."""
-    _require("sim2real_ros.sysid.node", "recording excitation runs (sysid_recorder)")
+    """Step 3a: >= 3 excitation runs on the proxy, recorded by the sysid recorder.
+
+    The graph of launch/sysid.launch.py (backend real: safety filter in stage full, baseline)
+    runs against the proxy; each run is `sim2real sysid excite` (the recorder excites through
+    the safety filter and writes a rosbag2 MCAP bag named after the unit it saw).
+    """
     _require("sim2real_ros.sysid.cli", "recording excitation runs (sim2real sysid excite)")
+    _require("sim2real_ros.sysid.graph", "the sysid graph (launch/sysid.launch.py)")
+    from sim2real_ros.proxy.cell import sysid_support_graph
+    from sim2real_ros.proxy.evaluate import observe_unit_id
 
     def body() -> dict[str, Any]:
+        unit = observe_unit_id(ctx.proxy.check)
         bags = []
-        for k in range(ctx.cfg.sysid_runs):
-            bag = out / "bags" / f"run_{k + 1}"
-            ctx.progress.say(f"excitation run {k + 1}/{ctx.cfg.sysid_runs} -> {bag}")
-            _sim2real(["sysid", "excite", "--backend", "real", "--duration",
-                       str(ctx.cfg.excitation_s), "--seed", str(ctx.cfg.seed + k),
-                       "--out", str(bag)], out / "sysid_excite.log", "step 3 excitation")
-            bags.append(str(bag.relative_to(out)))
-        return {"bags": bags}
+        with sysid_support_graph(unit, out / "logs", ctx.cfg.safety_timeout_s) as runner:
+            for k in range(ctx.cfg.sysid_runs):
+                name = f"run_{k + 1}"
+                ctx.progress.say(f"excitation run {k + 1}/{ctx.cfg.sysid_runs} "
+                                 f"({ctx.cfg.excitation_s:g} s multisine, unit {unit})")
+                _excite(ctx, out, unit, name, k, runner)
+                bags.append(name)
+        return {"bags": bags, "unit_id": unit}
 
     return _with_proxy(ctx, out, body)
+
+
+def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) -> None:
+    """One `sim2real sysid excite` run; the filter goes to `full` once the recorder streams."""
+    from sim2real_ros.proxy.cell import check_graph
+    from sim2real_ros.proxy.evaluate import set_stage_when_streaming
+    from sim2real_ros.ros.env import child_env
+
+    cmd = [sys.executable, "-m", "sim2real_ros.cli", "sysid", "excite", "--unit", unit,
+           "--output-dir", str(out / "bags"), "--run-name", name,
+           "--duration", str(ctx.cfg.excitation_s), "--seed", str(ctx.cfg.seed + k),
+           "--kind", "multisine", "--note", f"transfer experiment run {k + 1}"]
+    log_path = out / "sysid_excite.log"
+    with open(log_path, "a") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            set_stage_when_streaming(
+                "full", alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                done=lambda: proc.poll() is not None)
+            rc = proc.wait(timeout=ctx.cfg.excitation_s + 120.0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if rc != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise StageBlocked(f"step 3 excitation: `sim2real sysid excite` exited {rc}; see "
+                           f"{log_path}:\n{tail}")
+    _check_excited(out / "bags" / name, ctx.arm.n_joints)
+
+
+def _check_excited(bag: Path, n_joints: int) -> None:
+    """Refuse a run in which the arm never received a moving command (a held filter)."""
+    from sim2real_ros.sysid.bags import read_position_commands
+
+    cmds = read_position_commands(bag, n_joints, "forward_position_controller/commands")
+    if cmds.values.shape[0] < 2 or not np.any(np.abs(np.diff(cmds.values, axis=0)) > 1e-9):
+        raise StageBlocked(
+            f"step 3 excitation: {bag} holds no moving arm command: the safety filter held the "
+            "arm during the excitation (see its events in the bag, e.g. `sim2real sysid info`)")
 
 
 def _sysid_bags(ctx: Context) -> list[Path]:
@@ -517,13 +589,19 @@ def _sysid_bags(ctx: Context) -> list[Path]:
 
 
 def stage_sysid_fit(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 3b: fit the proxy from its bags; calibrated randomization from fit and spread."""
+    """Step 3b: `sim2real sysid fit` on the proxy's bags: nominal values from the fit,
+    randomization ranges from the run-to-run spread (the calibration file is a spec)."""
     _require("sim2real_ros.sysid.cli", "fitting the proxy (sim2real sysid fit)")
-    bags = [str(p) for p in _sysid_bags(ctx)]
+    rec = ctx.run.verify("s3a_sysid_record")
+    unit = str(rec.meta.get("unit_id", ""))
     calibration = out / "calibration.yaml"
-    _sim2real(["sysid", "fit", *bags, "-o", str(calibration)], out / "sysid_fit.log",
-              "step 3 fit")
-    return {"calibration": calibration.name}
+    args = ["sysid", "fit", *[str(b) for b in _sysid_bags(ctx)], "-o", str(calibration),
+            "--report", str(out / "fit_report"), "--no-progress"]
+    if unit:
+        args += ["--unit", unit]
+    ctx.progress.say(f"fitting {len(_sysid_bags(ctx))} runs of unit {unit or '?'}")
+    _sim2real(args, out / "sysid_fit.log", "step 3 fit", echo=True)
+    return {"calibration": calibration.name, "unit_id": unit}
 
 
 def stage_train_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
@@ -553,16 +631,95 @@ def stage_proxy_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
 
 
 def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 4a: record N proxy trajectories with the calibrated policy in the limited stage."""
+    """Step 4a: N proxy trajectories in the collect stage (shadow: the baseline drives, the
+    calibrated policy observes), recorded live by `sim2real sysid record`."""
     _require("sim2real_ros.sysid.cli", "recording proxy trajectories (sim2real sysid record)")
-    raise StageBlocked("step 4 collection: the live-graph recording interface of the sysid "
-                       "recorder is not settled yet")
+    from sim2real_ros.policy.task import TaskConfig
+    from sim2real_ros.proxy.cell import check_graph, real_backend_graph
+    from sim2real_ros.proxy.evaluate import evaluate_on_graph, observe_unit_id
+    from sim2real_ros.proxy.scoring import episode_targets, summarize
+    from sim2real_ros.ros.env import child_env
+
+    version = registry_version(ctx, "calibrated")
+    # Different targets from the evaluation's: the fine-tune never sees the test targets.
+    targets = episode_targets(ctx.cfg.seed + 104729, ctx.cfg.finetune_trajectories,
+                              TaskConfig(), ctx.arm)
+
+    def body() -> dict[str, Any]:
+        unit = observe_unit_id(ctx.proxy.check)
+        with real_backend_graph(ctx.registry_root, version, ctx.cfg.collect_rollout_stage,
+                                out / "logs", safety_timeout_s=ctx.cfg.safety_timeout_s
+                                ) as runner:
+            log = open(out / "sysid_record.log", "w")  # noqa: SIM115 - closed below
+            cmd = [sys.executable, "-m", "sim2real_ros.cli", "sysid", "record", "--unit", unit,
+                   "--output-dir", str(out / "bags"), "--run-name", "collect",
+                   "--duration", "0", "--note", "transfer experiment step 4 collection",
+                   "--topics", *COLLECT_TOPICS]
+            recorder = subprocess.Popen(cmd, env=child_env(), stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                bar = ctx.progress.bar(len(targets), "collect")
+                ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
+                                       alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                                       promote_to=ctx.cfg.collect_rollout_stage,
+                                       progress=lambda k, r: bar.update(1))
+                bar.close()
+            finally:
+                # `--duration 0` records until Ctrl-C: SIGINT closes and seals the bag.
+                if recorder.poll() is None:
+                    os.killpg(recorder.pid, signal.SIGINT)
+                rc = recorder.wait(timeout=60)
+                log.close()
+        if rc != 0:
+            raise StageBlocked(f"step 4 recording: `sim2real sysid record` exited {rc}; see "
+                               f"{out / 'sysid_record.log'}")
+        summary = summarize(ev.results)
+        write_json(out / "collect_eval.json", {
+            "rollout_stage": ctx.cfg.collect_rollout_stage, "policy_version": version,
+            "summary": summary.to_dict(), "counters": ev.counters.to_dict(),
+            "episodes": [r.to_dict() for r in ev.results]})
+        ctx.progress.say(f"collected {len(ev.results)} trajectories in stage "
+                         f"{ctx.cfg.collect_rollout_stage}; the acting controller reached "
+                         f"{summary.success_rate:.0%} of the targets")
+        return {"unit_id": unit, "bags": ["collect"], "acting_success": summary.success_rate}
+
+    return _with_proxy(ctx, out, body)
+
+
+# What the fine-tune needs (joint states, the command that reached the arm, the target), plus
+# what the audit and a person reading the bag want.
+COLLECT_TOPICS = ("joint_states", "forward_position_controller/commands", "task/target",
+                  "policy/joint_command", "policy/confidence", "baseline/joint_command",
+                  "safety_filter/events", "safety_filter/status",
+                  "force_torque_sensor_broadcaster/wrench", "/diagnostics")
 
 
 def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 4b: last-layer fine-tune on the proxy trajectories (sim2real policy finetune)."""
-    _require("sim2real_ros.policy.cli", "the last-layer fine-tune (sim2real policy finetune)")
-    raise StageBlocked("step 4 fine-tune: `sim2real policy finetune` has not landed")
+    """Step 4b: `sim2real policy finetune` (last layer only) on the collected trajectories."""
+    _require("sim2real_ros.policy.finetune", "the last-layer fine-tune (sim2real policy finetune)")
+    from sim2real_ros.policy.env import load_spec
+    from sim2real_ros.policy.registry import PolicyRegistry
+
+    parent = registry_version(ctx, "calibrated")
+    ctx.run.verify("s4a_collect")
+    bags = sorted(p for p in (ctx.run.stage_dir("s4a_collect") / "bags").iterdir() if p.is_dir())
+    _sim2real(["policy", "finetune", *[str(b) for b in bags], "--version", str(parent),
+               "--registry", str(ctx.registry_root), "--seed", str(ctx.cfg.seed),
+               "--sim-eval-episodes", "0"], out / "finetune.log", "step 4 fine-tune", echo=True)
+    reg = PolicyRegistry(ctx.registry_root, init_from_default=False)
+    child = max(r.version for r in reg.versions())
+    if child == parent:
+        raise StageBlocked("step 4 fine-tune: no child version was registered")
+    rec = reg.record(child)
+    reg.export(child, out / "finetuned" / "policy.pt")
+    write_json(out / "finetune_report.json", {"parent_version": parent, "child_version": child,
+                                              "metadata": rec.metadata})
+    policy, _ = reg.load(child)
+    calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
+    sim = _sim_eval(ctx, policy, load_spec(str(calibration)), out / "sim_eval_finetuned.json",
+                    "finetuned")
+    return {"parent_version": parent, "sim_eval": sim,
+            "finetune": rec.metadata.get("finetune", {})}
 
 
 def stage_proxy_finetuned(ctx: Context, out: Path) -> dict[str, Any]:
