@@ -50,6 +50,10 @@ class GraphCounters:
     policy_commands: int = 0
     arm_commands: int = 0
     hardware_id: str = ""  # the arm driver's hardware_id on /diagnostics (the unit's serial)
+    # The proxy's own health while it ran (a host too busy to keep it in real time shows here)
+    driver_min_real_time_factor: float = float("nan")
+    driver_overruns: int = 0
+    driver_min_rate_hz: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -99,6 +103,13 @@ def evaluate_in_sim(
         return results
     finally:
         core.close()
+
+
+def _nanmin(a: float, b: float) -> float:
+    """min() that ignores NaN (NaN only when both are)."""
+    if math.isnan(a):
+        return b
+    return a if math.isnan(b) else min(a, b)
 
 
 def _make_driver_class() -> type:
@@ -173,9 +184,21 @@ def _make_driver_class() -> type:
             c.event_details[detail] = c.event_details.get(detail, 0) + 1
 
         def _on_diagnostics(self, msg: Any) -> None:
+            c = self.counters
             for st in msg.status:
-                if st.name.startswith(DRIVER_STATUS_PREFIX) and st.hardware_id:
-                    self.counters.hardware_id = st.hardware_id
+                if not st.name.startswith(DRIVER_STATUS_PREFIX):
+                    continue
+                if st.hardware_id:
+                    c.hardware_id = st.hardware_id
+                values = {kv.key: kv.value for kv in st.values}
+                try:
+                    rtf = float(values.get("real_time_factor", "nan"))
+                    rate = float(values.get("joint_states_rate_hz", "nan"))
+                    c.driver_overruns = max(c.driver_overruns, int(values.get("overruns", 0)))
+                except ValueError:
+                    continue
+                c.driver_min_real_time_factor = _nanmin(c.driver_min_real_time_factor, rtf)
+                c.driver_min_rate_hz = _nanmin(c.driver_min_rate_hz, rate)
 
         def _on_status(self, msg: Any) -> None:
             try:

@@ -830,13 +830,17 @@ def run_pipeline(
         progress.stage(s.name, s.title, "run")
         out = run.begin(s.name)
         t0 = time.monotonic()
+        load_before = os.getloadavg()
         try:
             meta = s.run(ctx, out)
         except StageBlocked as exc:
             blocked.append((s.name, str(exc)))
             progress.say(f"blocked: {exc}")
             continue
-        meta = {**(meta or {}), "wall_s": time.monotonic() - t0}
+        # The host's load says how much the real-time parts competed for the cores.
+        meta = {**(meta or {}), "wall_s": time.monotonic() - t0,
+                "load_average_before": list(load_before),
+                "load_average_after": list(os.getloadavg())}
         run.seal(s.name, list(s.upstream), meta)
         progress.stage(s.name, f"sealed in {meta['wall_s']:.0f} s", "done")
     status = {"finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
