@@ -43,6 +43,23 @@ def test_pairing_gives_exact_latency_and_ignores_republished_commands() -> None:
     assert m.state_transport_p50_s == pytest.approx(0.001)
 
 
+def test_only_the_source_that_drives_the_arm_is_paired() -> None:
+    msgs: list[tuple[str, int, object]] = [
+        ("/safety_filter/status", 0, SimpleNamespace(data='{"source": "baseline"}'))]
+    for k in range(50):
+        obs = 1_000_000_000 + k * 10 * MS
+        msgs.append(("/baseline/joint_command", obs + 2 * MS, stamped(obs)))
+        # The policy answers an older observation later; in shadow mode it does not act.
+        msgs.append(("/policy/joint_command", obs + 5 * MS, stamped(obs - 30 * MS)))
+        msgs.append(("/forward_position_controller/commands", obs + 6 * MS, None))
+    m = latency_from_messages(msgs, "shadow")
+    assert m is not None and m.n == 50
+    assert m.obs_to_command_p50_s == pytest.approx(0.006)
+    # Without the status every newest answer counts, and the policy's stale one is paired.
+    m2 = latency_from_messages(msgs[1:], "unknown source")
+    assert m2 is not None and m2.obs_to_command_p50_s == pytest.approx(0.036)
+
+
 def test_no_answers_means_no_measurement() -> None:
     msgs = [("/forward_position_controller/commands", k * MS, None) for k in range(10)]
     assert latency_from_messages(msgs, "x") is None

@@ -9,6 +9,7 @@ the recorder's receive time). Pure: no rclpy.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,16 @@ from sim2real_ros.audit.evidence import LatencyMeasurement
 STATE_TOPIC = "joint_states"
 ANSWER_TOPICS = ("policy/joint_command", "baseline/joint_command")
 COMMAND_TOPIC = "forward_position_controller/commands"
+STATUS_TOPIC = "safety_filter/status"
+ANSWER_SOURCES = ("policy", "baseline")
+
+
+def answer_source(topic: str) -> str | None:
+    """Return 'policy' or 'baseline' for an answer topic, else None."""
+    for name in ANSWER_TOPICS:
+        if topic_matches(topic, name):
+            return name.split("/", 1)[0]
+    return None
 
 
 def topic_matches(topic: str, name: str) -> bool:
@@ -48,12 +59,15 @@ class LatencyPairer:
     """Pair arm commands with the observation stamps they answer, as messages stream in.
 
     Only the first arm command after a new answer counts: a filter that republishes its last
-    command on a timer holds a target, it does not make a new decision.
+    command on a timer holds a target, it does not make a new decision. When the safety filter
+    has said which source drives the arm (`driving`, from safety_filter/status), answers of the
+    other source are not paired: in shadow mode the policy answers too, but the baseline acts.
     """
 
     obs_to_command_s: list[float] = field(default_factory=list)
     obs_to_answer_s: list[float] = field(default_factory=list)
     state_transport_s: list[float] = field(default_factory=list)
+    driving: str | None = None
     _pending_stamp_ns: int | None = None
     _last_answer_stamp_ns: int | None = None
 
@@ -62,9 +76,12 @@ class LatencyPairer:
         if stamp_ns is not None and stamp_ns > 0:
             self.state_transport_s.append((arrival_ns - stamp_ns) * 1e-9)
 
-    def add_answer(self, arrival_ns: int, stamp_ns: int | None) -> None:
+    def add_answer(self, arrival_ns: int, stamp_ns: int | None, source: str | None = None
+                   ) -> None:
         """Record a policy (or baseline) command stamped with its observation's stamp."""
         if stamp_ns is None or stamp_ns <= 0:
+            return
+        if source is not None and self.driving in ANSWER_SOURCES and source != self.driving:
             return
         # A repeated stamp is the same decision republished; it is not a new answer.
         if stamp_ns == self._last_answer_stamp_ns:
@@ -72,6 +89,16 @@ class LatencyPairer:
         self._last_answer_stamp_ns = stamp_ns
         self.obs_to_answer_s.append((arrival_ns - stamp_ns) * 1e-9)
         self._pending_stamp_ns = stamp_ns
+
+    def set_status(self, status: Any) -> None:
+        """Take the driving source from a safety_filter/status record (dict or JSON text)."""
+        if isinstance(status, str):
+            try:
+                status = json.loads(status)
+            except json.JSONDecodeError:
+                return
+        if isinstance(status, dict) and isinstance(status.get("source"), str):
+            self.driving = status["source"]
 
     def add_command(self, arrival_ns: int) -> None:
         """Record an arm command; pair it with the newest unanswered decision."""
@@ -84,8 +111,10 @@ class LatencyPairer:
         """Route one message by topic name."""
         if topic_matches(topic, COMMAND_TOPIC):
             self.add_command(arrival_ns)
-        elif any(topic_matches(topic, a) for a in ANSWER_TOPICS):
-            self.add_answer(arrival_ns, header_stamp_ns(msg))
+        elif answer_source(topic) is not None:
+            self.add_answer(arrival_ns, header_stamp_ns(msg), answer_source(topic))
+        elif topic_matches(topic, STATUS_TOPIC):
+            self.set_status(getattr(msg, "data", None))
         elif topic_matches(topic, STATE_TOPIC):
             self.add_state(arrival_ns, header_stamp_ns(msg))
 
@@ -129,7 +158,7 @@ def latency_from_bag(bag_path: str | Path) -> LatencyMeasurement | None:
     """Measure the observation-to-action latency recorded in a bag (None if it lacks topics)."""
     from sim2real_ros.sysid.bags import read_messages
 
-    wanted = [STATE_TOPIC, *ANSWER_TOPICS, COMMAND_TOPIC]
+    wanted = [STATE_TOPIC, *ANSWER_TOPICS, COMMAND_TOPIC, STATUS_TOPIC]
     topics = [t for t in bag_topics(bag_path) if any(topic_matches(t, w) for w in wanted)]
     if not any(topic_matches(t, COMMAND_TOPIC) for t in topics):
         return None

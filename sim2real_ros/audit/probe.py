@@ -20,7 +20,13 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from sim2real_ros.audit.evidence import LatencyMeasurement, LiveGraphEvidence
-from sim2real_ros.audit.latency import ANSWER_TOPICS, COMMAND_TOPIC, STATE_TOPIC, LatencyPairer
+from sim2real_ros.audit.latency import (
+    ANSWER_TOPICS,
+    COMMAND_TOPIC,
+    STATE_TOPIC,
+    LatencyPairer,
+    answer_source,
+)
 from sim2real_ros.ros.convert import stamp_to_ns, wrench_to_array
 from sim2real_ros.ros.qos import COMMAND_QOS, LATCHED_QOS, STATE_QOS
 
@@ -81,7 +87,8 @@ class AuditProbe(Node):
 
     def _on_answer(self, topic: str, msg: JointState) -> None:
         self.topics_seen.add(topic)
-        self.pairer.add_answer(self._now_ns(), stamp_to_ns(msg.header.stamp))
+        self.pairer.add_answer(self._now_ns(), stamp_to_ns(msg.header.stamp),
+                               answer_source(topic))
 
     def _on_command(self, msg: Float64MultiArray) -> None:
         self.topics_seen.add(COMMAND_TOPIC)
@@ -102,6 +109,8 @@ class AuditProbe(Node):
             return
         if isinstance(data, dict):
             self.latched[key] = data
+            if key == "safety_status":
+                self.pairer.set_status(data)
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
         # A node that knows which unit it drives (driver, recorder, sim bridge) reports it as
@@ -113,7 +122,7 @@ class AuditProbe(Node):
 
     def reset_measurements(self) -> None:
         """Forget latency pairs and samples (the latched records and the unit id stay)."""
-        self.pairer = LatencyPairer()
+        self.pairer = LatencyPairer(driving=self.pairer.driving)
         self.state_t_s.clear()
         self.state_position.clear()
         self.state_velocity.clear()
