@@ -67,7 +67,7 @@ REQUIRED_CRITERIA = ("min_steps", "min_time_s", "min_agreement_rate", "max_hard_
 class MetricsSettings:
     """How the comparator measures (rollout.yaml `metrics`)."""
 
-    stamp_tolerance_s: float = 0.002
+    stamp_tolerance_s: float = 0.005
     agreement_tolerance_rad: float = 0.05
     ood_threshold: float = 3.0
     disagreement_threshold_rad: float = 0.1
