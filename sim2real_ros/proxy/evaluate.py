@@ -63,19 +63,21 @@ class GraphCounters:
 def evaluate_in_sim(
     policy: Any, targets: np.ndarray, spec: Any, seed: int,
     progress: Callable[[int, EpisodeResult], None] | None = None,
+    calibration: Any = None,
 ) -> list[EpisodeResult]:
     """Run the policy on the targets in the simulator (the sim room's SimCore), chained.
 
     Same protocol as on the proxy: control at the task's rate, score from the simulated
     measurement (what joint_states would carry), the next episode starts where this one ended
-    (at rest, with a new draw of the randomization's reset terms).
+    (at rest, with a new draw of the randomization's reset terms). `calibration` (PlantParams)
+    is the nominal plant a calibration's scale terms are relative to.
     """
     from sim2real_ros.policy.runner import PolicyRunner
     from sim2real_ros.sim.core import SimCore
 
     runner = PolicyRunner(policy)
     task = runner.task
-    core = SimCore(spec=spec, seed=seed)
+    core = SimCore(spec=spec, seed=seed, calibration=calibration)
     try:
         obs = core.reset(seed=seed, q0=np.array(task.home_rad))
         scorer = EpisodeScorer(runner.arm, task)

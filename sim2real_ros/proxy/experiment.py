@@ -294,14 +294,21 @@ def _train_cfg(ctx: Context, randomization: str, seed_offset: int) -> Any:
     )
 
 
-def _sim_eval(ctx: Context, policy: Any, spec: Any, out: Path, label: str) -> dict[str, Any]:
+def _sim_eval(ctx: Context, policy: Any, spec: Any, out: Path, label: str,
+              calibration: Path | None = None) -> dict[str, Any]:
+    """Sim success of a policy in its simulator; a calibration file gives spec and nominal."""
     from sim2real_ros.proxy.evaluate import evaluate_in_sim
     from sim2real_ros.proxy.scoring import summarize
 
+    nominal = None
+    if calibration is not None:
+        from sim2real_ros.sim.randomization import load_calibration
+
+        nominal, spec = load_calibration(calibration)
     targets = ctx.targets("sim")
     bar = ctx.progress.bar(len(targets), f"sim eval {label}")
     results = evaluate_in_sim(policy, targets, spec, seed=ctx.cfg.seed + 31,
-                              progress=lambda k, r: bar.update(1))
+                              progress=lambda k, r: bar.update(1), calibration=nominal)
     bar.close()
     summary = summarize(results)
     write_json(out, {"label": label, "summary": summary.to_dict(),
@@ -606,7 +613,6 @@ def stage_sysid_fit(ctx: Context, out: Path) -> dict[str, Any]:
 
 def stage_train_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 3c: retrain in the simulator calibrated on the proxy."""
-    from sim2real_ros.policy.env import load_spec
     from sim2real_ros.policy.train import train, write_run
 
     calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
@@ -616,8 +622,8 @@ def stage_train_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
     write_run(result, out / "calibrated")
     meta = {"trainer_sim_success": result.sim_success, "train_wall_s": result.wall_s,
             "randomization": str(calibration), "spec_sha256": result.spec_sha256,
-            "sim_eval": _sim_eval(ctx, result.policy, load_spec(str(calibration)),
-                                  out / "sim_eval_calibrated.json", "calibrated")}
+            "sim_eval": _sim_eval(ctx, result.policy, None, out / "sim_eval_calibrated.json",
+                                  "calibrated", calibration=calibration)}
     write_json(out / "summary.json", meta)
     return meta
 
@@ -697,7 +703,6 @@ COLLECT_TOPICS = ("joint_states", "forward_position_controller/commands", "task/
 def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
     """Step 4b: `sim2real policy finetune` (last layer only) on the collected trajectories."""
     _require("sim2real_ros.policy.finetune", "the last-layer fine-tune (sim2real policy finetune)")
-    from sim2real_ros.policy.env import load_spec
     from sim2real_ros.policy.registry import PolicyRegistry
 
     parent = registry_version(ctx, "calibrated")
@@ -716,8 +721,8 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
                                               "metadata": rec.metadata})
     policy, _ = reg.load(child)
     calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
-    sim = _sim_eval(ctx, policy, load_spec(str(calibration)), out / "sim_eval_finetuned.json",
-                    "finetuned")
+    sim = _sim_eval(ctx, policy, None, out / "sim_eval_finetuned.json", "finetuned",
+                    calibration=calibration)
     return {"parent_version": parent, "sim_eval": sim,
             "finetune": rec.metadata.get("finetune", {})}
 

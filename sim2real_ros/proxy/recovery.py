@@ -46,17 +46,15 @@ NOT_COMPARABLE = {
 }
 
 
-def _flatten_fit(cal: dict[str, Any]) -> dict[str, Any]:
-    """Find the fitted parameter mapping in a calibration file (nominal/plant/parameters)."""
-    for key in ("nominal", "plant", "parameters", "fit"):
-        sec = cal.get(key)
-        if isinstance(sec, dict):
-            flat = dict(sec)
-            for sub in ("plant", "latency", "actuator", "sensor"):
-                if isinstance(sec.get(sub), dict):
-                    flat.update(sec[sub])
-            return flat
-    return {}
+def _flatten_fit(cal: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Return the fitted values (the calibration's `nominal` plus its action latency) and the
+    parameters the identifiability check refused, with why (sysid calibration format)."""
+    fit = dict(cal.get("nominal") or {})
+    latency = cal.get("latency") or {}
+    if isinstance(latency, dict) and latency.get("action_latency_s") is not None:
+        fit["action_latency_s"] = latency["action_latency_s"]
+    refused = {str(k): str(v) for k, v in (cal.get("refused") or {}).items()}
+    return fit, refused
 
 
 def parameter_recovery(run: RunFolder, cfg: Any) -> dict[str, Any]:
@@ -64,16 +62,18 @@ def parameter_recovery(run: RunFolder, cfg: Any) -> dict[str, Any]:
     if not run.is_sealed("s3b_sysid_fit"):
         return {"parameters": [], "note": "the system-identification fit (s3b) is not sealed"}
     cal_path = run.artifact("s3b_sysid_fit", "calibration.yaml")
-    fit = _flatten_fit(load_yaml(cal_path))
+    fit, refused = _flatten_fit(load_yaml(cal_path))
     arm = load_arm(default_urdf())
     unit = ProxyUnit.from_yaml(cfg.unit_path(), arm)
     truth = truth_values(unit)
     rows: list[dict[str, Any]] = []
     for key, true in truth.items():
         if key not in fit or fit[key] is None:
+            why = next((f"refused: {v}" for k, v in refused.items() if k.startswith(key)),
+                       "not fitted")
             rows.append({"parameter": key, "joint": "", "fitted": None,
                          "true": _plain(true), "rel_error": None, "within_10pct": None,
-                         "note": "not fitted"})
+                         "note": why})
             continue
         fitted = np.atleast_1d(np.asarray(fit[key], dtype=float))
         t = np.atleast_1d(np.asarray(true, dtype=float))
