@@ -60,7 +60,7 @@ def test_finetune_changes_only_the_last_layer_and_cuts_heldout_error(
 ) -> None:
     reg = PolicyRegistry(tmp_path / "reg")
     parent, _ = reg.load(0)
-    trajs = load_trajectories(bags, TaskConfig.from_dict(parent.task), ARM)
+    trajs = load_trajectories(bags, TaskConfig.from_dict(parent.task, strict=False), ARM)
     child, rep = finetune_last_layer(parent, trajs, heldout_fraction=0.25, seed=0, epochs=200)
     before, after = parent.net.state_dict(), child.net.state_dict()
     last_w, last_b = f"weights.{parent.net.n_layers - 1}", f"biases.{parent.net.n_layers - 1}"

@@ -95,7 +95,8 @@ def test_observation_layout_is_q_qd_target_error_offset() -> None:
 
 
 def test_task_config_rejects_bad_values_naming_key_and_range() -> None:
-    with pytest.raises(ConfigError, match=r"max_step_rad = 2.0: expected a number in \[0.0001, 0.5\]"):
+    with pytest.raises(ConfigError,
+                       match=r"max_step_rad = 2.0: expected a number in \[0.0001, 0.5\]"):
         TaskConfig.from_dict({"max_step_rad": 2.0})
     with pytest.raises(ConfigError, match="no_such_key"):
         TaskConfig.from_dict({"no_such_key": 1})

@@ -15,7 +15,7 @@ from sim2real_ros.policy.env import ReachingVecEnv, load_spec
 from sim2real_ros.policy.model import EnsemblePolicy, ModelSpec
 from sim2real_ros.policy.registry import PolicyRegistry
 from sim2real_ros.policy.task import TaskConfig
-from sim2real_ros.policy.train import TrainConfig, evaluate, train, write_run
+from sim2real_ros.policy.train import TrainConfig, evaluate_in_sim, train, write_run
 
 torch.set_num_threads(1)
 EVAL_EPISODES = 16
@@ -27,7 +27,7 @@ def short_run() -> object:
     """5 BC/DAgger iterations of 8 randomized environments x 80 steps (3200 env steps)."""
     cfg = TrainConfig(n_envs=8, dagger_iterations=5, steps_per_iteration=80,
                       grad_steps_per_iteration=400, hidden=(128, 128), members=3,
-                      eval_episodes=EVAL_EPISODES, seed=SEED)
+                      eval_episodes=EVAL_EPISODES, iteration_eval_episodes=0, seed=SEED)
     return train(cfg, progress=False)
 
 
@@ -42,7 +42,8 @@ def test_short_training_run_succeeds_far_more_often_than_an_untrained_policy(
     # The trainer's own evaluation ran EVAL_EPISODES fresh episodes from this seed; the
     # untrained policy gets the first 8 of the very same episodes (an untrained episode
     # always runs to the time limit, so 8 keep the test short).
-    base, _ = evaluate(untrained, 8, task, load_spec("default"), seed=SEED + 1_000_003)
+    base = evaluate_in_sim(untrained, 8, task, load_spec("default"),
+                           seed=SEED + 1_000_003).success_rate
     trained = res.sim_success
     assert trained >= base + 0.5, (base, trained)
     assert trained >= 0.6, trained
@@ -88,14 +89,18 @@ def test_vectorized_env_is_seeded() -> None:
 def test_ppo_iterations_update_the_imitation_policy_and_log_their_phase() -> None:
     common = dict(n_envs=4, dagger_iterations=1, steps_per_iteration=40,
                   grad_steps_per_iteration=50, hidden=(32, 32), members=2, eval_episodes=0,
-                  seed=3)
+                  iteration_eval_episodes=0, seed=3)
     bc = train(TrainConfig(algo="dagger", **common), progress=False)
     res = train(TrainConfig(algo="dagger+ppo", ppo_iterations=2, ppo_steps=40,
-                            ppo_minibatch=64, ppo_epochs=2, **common), progress=False)
+                            ppo_minibatch=64, ppo_epochs=2,
+                            **{**common, "iteration_eval_episodes": 2}), progress=False)
     assert [h.phase for h in res.history] == ["bc", "ppo", "ppo"]
-    assert res.history[0] == bc.history[0] or res.history[0].loss == bc.history[0].loss
+    assert res.history[0].loss == bc.history[0].loss  # same seed, same imitation phase
     assert all(math.isfinite(h.loss) and math.isfinite(h.mean_return) for h in res.history
                if h.episodes)
+    # the learner alone is evaluated after every iteration on the same fresh episodes
+    assert all(0.0 <= h.eval_success <= 1.0 and math.isfinite(h.eval_return)
+               for h in res.history)
 
     def flat(p: EnsemblePolicy) -> torch.Tensor:
         return torch.cat([t.detach().flatten() for t in p.net.parameters()])

@@ -34,6 +34,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         hidden=tuple(args.hidden), members=args.members, dagger_iterations=args.iterations,
         steps_per_iteration=args.steps_per_iteration, ppo_iterations=args.ppo_iterations,
         eval_episodes=args.eval_episodes, time_budget_s=args.time_budget_s,
+        iteration_eval_episodes=args.iteration_eval_episodes,
     )
     cfg.validate("sim2real train arguments")
     res = train(cfg, progress=not args.no_progress, log=None if not args.no_progress else print)
@@ -120,16 +121,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     from sim2real_ros.policy.env import load_spec
     from sim2real_ros.policy.task import TaskConfig
-    from sim2real_ros.policy.train import evaluate
+    from sim2real_ros.policy.train import evaluate_in_sim
 
     torch.set_num_threads(1)
     reg = _registry(args)
     policy, rec = reg.load(args.version)
-    task = TaskConfig.from_dict(policy.task)
-    succ, steps = evaluate(policy, args.episodes, task, load_spec(args.randomization), args.seed)
-    print(f"version {rec.version}: success {succ:.3f} over {args.episodes} episodes "
+    task = TaskConfig.from_dict(policy.task, strict=False)
+    ev = evaluate_in_sim(policy, args.episodes, task, load_spec(args.randomization), args.seed)
+    print(f"version {rec.version}: success {ev.success_rate:.3f} over {ev.episodes} episodes "
           f"(randomization {args.randomization}, seed {args.seed}); mean time to success "
-          f"{steps * task.dt_s:.2f} s")
+          f"{ev.mean_steps_to_success * task.dt_s:.2f} s; mean return {ev.mean_return:.2f}")
     return 0
 
 
@@ -144,7 +145,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     reg = _registry(args)
     policy, rec = reg.load(args.version)
-    task = TaskConfig.from_dict(policy.task)
+    task = TaskConfig.from_dict(policy.task, strict=False)
     arm = load_arm(default_urdf())
     trajs = load_trajectories(args.bags, task, arm, args.command_topic, args.target_topic,
                               args.joint_topic)
@@ -159,10 +160,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     }
     if args.sim_eval_episodes:
         from sim2real_ros.policy.env import load_spec
-        from sim2real_ros.policy.train import evaluate
+        from sim2real_ros.policy.train import evaluate_in_sim
 
-        succ, _ = evaluate(child, args.sim_eval_episodes, task, load_spec("default"), args.seed)
-        meta["sim_success"] = succ
+        ev = evaluate_in_sim(child, args.sim_eval_episodes, task, load_spec("default"),
+                             args.seed)
+        meta["sim_success"] = ev.success_rate
         meta["sim_eval_episodes"] = args.sim_eval_episodes
     new = reg.add(child, meta, parent=rec.version)
     print(f"fine-tuned version {rec.version} on {rep.n_train} trajectories "
@@ -217,7 +219,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden))
     t.add_argument("--randomization", default=d.randomization,
                    help="'default' (config/randomization.yaml), 'none', or a spec file")
-    t.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
+    t.add_argument("--eval-episodes", type=int, default=d.eval_episodes,
+                   help="fresh episodes of the final evaluation (the recorded sim success)")
+    t.add_argument("--iteration-eval-episodes", type=int, default=d.iteration_eval_episodes,
+                   help="learner-only episodes evaluated after every iteration (0 = off)")
     t.add_argument("--time-budget-s", type=float, default=0.0,
                    help="stop starting new iterations after this many seconds (0 = none)")
     t.add_argument("--threads", type=int, default=1, help="torch threads")

@@ -1,10 +1,14 @@
 """The imitation expert: resolved-rate inverse kinematics from the arm model.
 
-It answers the same observation the policy sees with the normalized action the task expects:
-the joint-target step `dq = J^+ (k_i dt e) + (I - J^+ J) k_null f(|e|) dt (q_home - q)`, `J^+` the
-damped least-squares pseudo-inverse of the position Jacobian at the measured q, `e` the
-tool position error and `f` a fade from 1 (far) to 0 (at the target). Because the step moves the previous target, the loop integrates the
-Cartesian error: no steady-state error under gravity sag. The step is scaled down uniformly
+It answers the same observation the policy sees with the normalized action the task expects,
+for the joint-target step
+
+    dq = J^+ (k_i dt e) + (I - J^+ J) k_null f(|e|) dt (q_home - q)
+
+with `J^+` the damped least-squares pseudo-inverse of the position Jacobian at the measured q,
+`e` the tool position error and `f` a fade from 1 (far) to 0 (at the target). Because the
+step moves the previous target, the loop integrates the Cartesian error: no steady-state
+error under gravity sag. The step is scaled down uniformly
 (direction kept: the tool moves on a straight line) so no joint exceeds `max_step_rad`.
 
 This is the policy room's teacher for behaviour cloning and DAgger. The safety room's

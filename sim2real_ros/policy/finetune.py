@@ -180,7 +180,7 @@ def load_trajectories(
 
 def _step_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Per-sample, per-joint error of the policy's step vs the recorded one, rad."""
-    task = TaskConfig.from_dict(policy.task)
+    task = TaskConfig.from_dict(policy.task, strict=False)
     out = policy.evaluate(obs)
     label = np.clip(step, -task.max_step_rad, task.max_step_rad)
     return action_to_step(task, out.action) - label
@@ -217,7 +217,7 @@ def finetune_last_layer(
     hs = np.concatenate([t.step_rad for t in held])
 
     child = copy.deepcopy(policy)
-    task = TaskConfig.from_dict(child.task)
+    task = TaskConfig.from_dict(child.task, strict=False)
     before_h = _step_error(child, ho, hs)
     before_t = _step_error(child, xo, xs)
 

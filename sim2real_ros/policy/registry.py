@@ -167,8 +167,9 @@ class PolicyRegistry:
                                   "a known-good version (the registry is empty: train or add one)")
             version = int(data["known_good"])
         if str(version) not in data["versions"]:
+            known = sorted(int(v) for v in data["versions"])
             raise ConfigError(self.index_path, "version", version,
-                              f"one of {sorted(int(v) for v in data['versions'])} (or 0 = known-good)")
+                              f"one of {known} (or 0 = known-good)")
         return version
 
     def record(self, version: int = 0) -> VersionRecord:
@@ -187,8 +188,9 @@ class PolicyRegistry:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise PolicyIntegrityError(path, "file", None,
-                                       f"the file of version {rec.version} ({exc.strerror})") from exc
+            raise PolicyIntegrityError(
+                path, "file", None, f"the file of version {rec.version} ({exc.strerror})"
+            ) from exc
         actual = _sha256(data)
         if actual != rec.sha256:
             raise PolicyIntegrityError(
@@ -210,12 +212,15 @@ class PolicyRegistry:
 
     # --- changes ---------------------------------------------------------------------------
 
-    def _add_bytes(self, blob: bytes, metadata: dict[str, Any], parent: int | None) -> VersionRecord:
+    def _add_bytes(
+        self, blob: bytes, metadata: dict[str, Any], parent: int | None
+    ) -> VersionRecord:
         with self._locked():
             data = self._read_index()
             if parent is not None and str(parent) not in data["versions"]:
+                known = sorted(int(v) for v in data["versions"])
                 raise ConfigError(self.index_path, "parent", parent,
-                                  f"an existing version {sorted(int(v) for v in data['versions'])}")
+                                  f"an existing version {known}")
             version = 1 + max((int(v) for v in data["versions"]), default=0)
             rel = f"versions/{version:04d}/{POLICY_FILE}"
             dest = self.root / rel

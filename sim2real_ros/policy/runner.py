@@ -33,7 +33,7 @@ class PolicyRunner:
 
     def __init__(self, policy: EnsemblePolicy, arm: ArmModel | None = None) -> None:
         self.policy = policy
-        self.task = TaskConfig.from_dict(policy.task, source="policy task config")
+        self.task = TaskConfig.from_dict(policy.task, "policy task config", strict=False)
         self.arm = arm if arm is not None else load_arm(default_urdf())
         if list(self.arm.joint_names) != list(policy.joint_names):
             raise ValueError(

@@ -75,14 +75,22 @@ class TaskConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str | Path = "<task config>") -> TaskConfig:
-        """Build and validate a config; unknown keys and bad values raise ConfigError."""
+    def from_dict(
+        cls, data: dict[str, Any], source: str | Path = "<task config>", strict: bool = True
+    ) -> TaskConfig:
+        """Build and validate a config; bad values (and, if strict, unknown keys) raise.
+
+        Policy files are read with strict=False: a file written by another version may carry
+        keys (reward weights, say) that do not change how the policy acts.
+        """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown and strict:
             raise ConfigError(source, unknown[0], data[unknown[0]], f"one of {sorted(known)}")
         kw: dict[str, Any] = {}
         for k, v in data.items():
+            if k not in known:
+                continue
             kw[k] = _tuple(v) if isinstance(v, (list, tuple)) else v
         cfg = cls(**kw)
         cfg.validate(source)

@@ -64,7 +64,8 @@ class TrainConfig:
     gae_lambda: float = 0.95
     init_log_std: float = -2.5
     # evaluation
-    eval_episodes: int = 100
+    eval_episodes: int = 100  # final evaluation (the recorded sim success)
+    iteration_eval_episodes: int = 16  # learner-only evaluation after every iteration (0 = off)
     time_budget_s: float = 0.0  # 0 = no budget; otherwise stop iterating after this long
     task: dict[str, Any] = field(default_factory=dict)  # TaskConfig overrides
 
@@ -78,6 +79,7 @@ class TrainConfig:
             "batch_size": (1, 1_000_000), "ppo_iterations": (0, 100_000),
             "ppo_steps": (1, 100_000), "ppo_epochs": (1, 1000), "ppo_minibatch": (1, 10**7),
             "eval_episodes": (0, 100_000), "max_dataset": (1, 10**8),
+            "iteration_eval_episodes": (0, 100_000),
         }
         for k, (lo, hi) in ints.items():
             v = getattr(self, k)
@@ -117,6 +119,8 @@ class IterationLog:
     env_steps: int
     wall_s: float
     loss: float
+    eval_success: float = math.nan  # the learner alone on fixed fresh episodes
+    eval_return: float = math.nan
 
 
 @dataclass
@@ -156,38 +160,49 @@ def _policy_action(policy: EnsemblePolicy, obs: np.ndarray) -> np.ndarray:
     return m.mean(dim=0).numpy().astype(float)
 
 
-def evaluate(
+@dataclass
+class EvalResult:
+    """Performance of a policy on fresh seeded episodes."""
+
+    success_rate: float
+    mean_steps_to_success: float  # control steps, over successful episodes (nan if none)
+    mean_return: float
+    episodes: int
+
+
+def evaluate_in_sim(
     policy: EnsemblePolicy | None,
     n_episodes: int,
     task: TaskConfig,
     spec: Any,
     seed: int,
     n_envs: int = 8,
-    use_expert: bool = False,
-) -> tuple[float, float]:
-    """Return (success rate, mean steps of successful episodes) on fresh seeded episodes."""
+) -> EvalResult:
+    """Run the ensemble-mean policy (or the expert if None) on n fresh seeded episodes."""
     env = ReachingVecEnv(min(n_envs, max(1, n_episodes)), task, spec, seed=seed)
     try:
         obs = env.reset()
         succ: list[float] = []
+        rets: list[float] = []
         steps: list[int] = []
         # Only the first n_episodes that start are counted, so the sample is not biased
         # toward short (successful) episodes.
         started = env.n
         counted = np.ones(env.n, dtype=bool)
         while len(succ) < n_episodes:
-            act = env.expert_actions() if use_expert or policy is None else _policy_action(
-                policy, obs)
+            act = env.expert_actions() if policy is None else _policy_action(policy, obs)
             r = env.step(act)
             obs = r.obs
             for i in np.flatnonzero(~np.isnan(r.episode_success)):
-                if counted[i]:
+                if counted[i] and len(succ) < n_episodes:
                     succ.append(float(r.episode_success[i]))
+                    rets.append(float(r.episode_return[i]))
                     if r.episode_success[i] > 0:
                         steps.append(int(r.episode_steps[i]))
                 counted[i] = started < n_episodes
                 started += 1
-        return float(np.mean(succ[:n_episodes])), float(np.mean(steps)) if steps else math.nan
+        return EvalResult(float(np.mean(succ)), float(np.mean(steps)) if steps else math.nan,
+                          float(np.mean(rets)), len(succ))
     finally:
         env.close()
 
@@ -229,15 +244,21 @@ def train(
 
         bar = tqdm(total=n_iter, desc=f"train {cfg.algo}", unit="it", dynamic_ncols=True)
 
-    def record(row: IterationLog) -> None:
+    def record(row: IterationLog, learner: EnsemblePolicy) -> None:
+        if cfg.iteration_eval_episodes:
+            # Same episodes every iteration (fixed seed), so the points are comparable.
+            ev = evaluate_in_sim(learner, cfg.iteration_eval_episodes, task, spec,
+                                 seed=cfg.seed + 7919)
+            row.eval_success, row.eval_return = ev.success_rate, ev.mean_return
         history.append(row)
         line = (f"iter {row.iteration:3d} {row.phase:6s} beta={row.beta:.2f} "
-                f"episodes={row.episodes:4d} success={row.success_rate:.3f} "
-                f"return={row.mean_return:8.2f} loss={row.loss:.4g} "
-                f"steps={row.env_steps} wall={row.wall_s:.1f}s")
+                f"rollout: episodes={row.episodes:4d} success={row.success_rate:.3f} "
+                f"return={row.mean_return:7.2f} | learner: success={row.eval_success:.3f} "
+                f"return={row.eval_return:7.2f} | loss={row.loss:.4g} "
+                f"steps={row.env_steps} wall={time.monotonic() - t_start:.1f}s")
         say(line)
         if bar is not None:
-            bar.set_postfix(success=f"{row.success_rate:.2f}", ret=f"{row.mean_return:.1f}")
+            bar.set_postfix(success=f"{row.eval_success:.2f}", ret=f"{row.eval_return:.1f}")
             bar.update(1)
             bar.write(line)
 
@@ -259,9 +280,11 @@ def train(
         if bar is not None:
             bar.close()
     assert policy is not None
-    sim_success, mean_steps = evaluate(
-        policy, cfg.eval_episodes, task, spec, seed=cfg.seed + 1_000_003
-    ) if cfg.eval_episodes else (math.nan, math.nan)
+    if cfg.eval_episodes:
+        final = evaluate_in_sim(policy, cfg.eval_episodes, task, spec, seed=cfg.seed + 1_000_003)
+        sim_success, mean_steps = final.success_rate, final.mean_steps_to_success
+    else:
+        sim_success, mean_steps = math.nan, math.nan
     wall = time.monotonic() - t_start
     say(f"evaluation: success {sim_success:.3f} over {cfg.eval_episodes} fresh episodes, "
         f"mean time to success {mean_steps * task.dt_s:.2f} s; wall {wall:.1f} s")
@@ -298,7 +321,7 @@ def _dagger(
     task: TaskConfig,
     rng: np.random.Generator,
     obs: np.ndarray,
-    record: Callable[[IterationLog], None],
+    record: Callable[[IterationLog, EnsemblePolicy], None],
     t_start: float,
 ) -> tuple[EnsemblePolicy, np.ndarray]:
     data_obs: list[np.ndarray] = []
@@ -335,7 +358,7 @@ def _dagger(
         loss = _fit(policy, opt, x, y, cfg.grad_steps_per_iteration, cfg.batch_size, gen)
         n_ep, succ, ret = eps.summary()
         record(IterationLog(it, "dagger" if it else "bc", beta, n_ep, succ, ret,
-                            env.total_steps, time.monotonic() - t_start, loss))
+                            env.total_steps, time.monotonic() - t_start, loss), policy)
     assert policy is not None
     return policy, obs
 
@@ -372,7 +395,7 @@ def _ppo(
     env: ReachingVecEnv,
     policy: EnsemblePolicy,
     obs: np.ndarray,
-    record: Callable[[IterationLog], None],
+    record: Callable[[IterationLog, EnsemblePolicy], None],
     t_start: float,
     it0: int,
 ) -> None:
@@ -452,7 +475,7 @@ def _ppo(
                 loss_v = float(loss.detach())
         n_ep, succ, mret = eps.summary()
         record(IterationLog(it0 + it, "ppo", 0.0, n_ep, succ, mret, env.total_steps,
-                            time.monotonic() - t_start, loss_v))
+                            time.monotonic() - t_start, loss_v), policy)
 
 
 def plot_learning_curve(history: list[IterationLog], path: str | Path, title: str = "") -> Path:
@@ -466,16 +489,25 @@ def plot_learning_curve(history: list[IterationLog], path: str | Path, title: st
     p.parent.mkdir(parents=True, exist_ok=True)
     steps = [h.env_steps for h in history]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6.4, 5.2), sharex=True)
-    ax1.plot(steps, [h.success_rate for h in history], "o-", color="tab:green")
+    ax1.plot(steps, [h.success_rate for h in history], ".--", color="tab:grey",
+             label="rollout (expert mixture / exploration)")
+    if any(math.isfinite(h.eval_success) for h in history):
+        ax1.plot(steps, [h.eval_success for h in history], "o-", color="tab:green",
+                 label="learner alone, fixed fresh episodes")
     ax1.set_ylabel("success rate")
     ax1.set_ylim(-0.02, 1.02)
-    ax1.axhline(0.9, color="grey", ls="--", lw=0.8)
-    ax2.plot(steps, [h.mean_return for h in history], "o-", color="tab:blue")
+    ax1.axhline(0.9, color="grey", ls=":", lw=0.8)
+    ax1.legend(loc="lower right", fontsize=8)
+    ax2.plot(steps, [h.mean_return for h in history], ".--", color="tab:grey", label="rollout")
+    if any(math.isfinite(h.eval_return) for h in history):
+        ax2.plot(steps, [h.eval_return for h in history], "o-", color="tab:blue",
+                 label="learner alone")
     ax2.set_ylabel("mean episode return")
-    ax2.set_xlabel("environment steps")
+    ax2.set_xlabel("environment steps (training rollouts)")
+    ax2.legend(loc="lower right", fontsize=8)
     for h in history:
         if h.phase == "ppo":
-            ax1.axvspan(h.env_steps - 1, h.env_steps, color="tab:orange", alpha=0.15)
+            ax1.axvline(h.env_steps, color="tab:orange", alpha=0.3)
     ax1.set_title(title or "training")
     fig.tight_layout()
     fig.savefig(p, dpi=90)
