@@ -168,7 +168,7 @@ class CellReporter(Node):
         super().__init__("cell_reporter", context=context)  # type: ignore[arg-type]
         self.status = self.create_publisher(String, "safety_filter/status", LATCHED_QOS)
         self.status.publish(String(data=json.dumps({
-            "rollout_stage": "shadow", "source": "baseline", "estop": False,
+            "rollout_stage": "full", "source": "policy", "estop": False,
             "envelope_sha256": envelope_sha})))
         self.diag = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self.create_timer(0.2, self._tick)
