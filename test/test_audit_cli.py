@@ -208,7 +208,9 @@ def test_live_audit_measures_the_running_graph(ros_context: object, tmp_path: Pa
     lat = report["measurements"]["latency"][0]
     assert lat["source"] == "live graph"
     assert lat["n"] >= 50
-    assert 0.020 <= lat["obs_to_command_p50_s"] < 0.040
+    # The controller holds each answer 20 ms, so no pair can be faster; the exact figure is
+    # test_audit_latency's business (here the graph shares the GIL with the probe).
+    assert 0.020 <= lat["obs_to_command_p50_s"] < 0.2
     assert report["inputs"]["live_s"] == 2.5
     assert report["units"] == {"live graph": "arm-LIVE"}
     safety = next(r for r in report["rows"] if r["gap"] == "safety")
