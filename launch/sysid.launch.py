@@ -32,10 +32,10 @@ def nodes(context: Any, *args: Any, **kwargs: Any) -> list[Node]:
                             recorder_overrides(values))
     out = []
     for d in described:
-        extra: dict[str, Any] = {}
-        if d["name"] == RECORDER:
-            # the run is over when the recorder has closed its bag
-            extra["on_exit"] = Shutdown(reason="sysid_recorder finished")
+        # The run is over when the recorder has closed its bag; any other node exiting (the
+        # driver, the safety filter) ends it too, as in sim2real.launch.py and `sim2real run`.
+        reason = "sysid_recorder finished" if d["name"] == RECORDER else f"{d['name']} exited"
+        extra: dict[str, Any] = {"on_exit": Shutdown(reason=reason)}
         out.append(Node(package=d["package"], executable=d["executable"], name=d["name"],
                         output="screen", emulate_tty=True, parameters=d["parameters"],
                         remappings=d["remappings"], **extra))

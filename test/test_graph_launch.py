@@ -153,3 +153,45 @@ def test_launch_file_refuses_an_unknown_backend_like_graph_py(
     module = load_launch_file(LAUNCH_FILE, monkeypatch)
     with pytest.raises(ConfigError, match="backend = 'hardware'"):
         launched_nodes(module, {"backend": "hardware"})
+
+
+SYSID_LAUNCH = REPO / "launch" / "sysid.launch.py"
+
+
+@pytest.mark.parametrize("backend", ["sim", "real"])
+def test_sysid_launch_file_follows_graph_py_for_the_nodes_it_shares(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sim2real_ros.sysid.graph import RECORDER, recorder_overrides, sysid_nodes
+
+    module = load_launch_file(SYSID_LAUNCH, monkeypatch)
+    declared, nodes = launched_nodes(module, {"unit": "arm-SN1234", "backend": backend})
+    assert all(len(d.kwargs["description"]) > 10 for d in declared)
+    values = {d.args[0]: d.kwargs["default_value"] for d in declared}
+    values.update(unit="arm-SN1234", backend=backend)
+    described = sysid_nodes("arm-SN1234", backend, "", recorder_overrides(values))
+    assert [n.kwargs["name"] for n in nodes] == [d["name"] for d in described]
+    for node, d in zip(nodes, described):
+        assert node.kwargs["parameters"] == d["parameters"]
+        assert [tuple(r) for r in node.kwargs["remappings"]] == [tuple(r) for r in d["remappings"]]
+        # Any node exiting ends the run, as in sim2real.launch.py.
+        assert type(node.kwargs["on_exit"]).__name__ == "Shutdown"
+    main = build_graph(GraphArgs(backend=backend, rollout_stage="full"))
+    for node in nodes:
+        name = node.kwargs["name"]
+        if name == RECORDER:
+            # The recorder hears the arm under the same names as the rest of the graph.
+            assert node.kwargs["remappings"] == list(main.node("safety_filter").remappings)
+            continue
+        spec = main.node(name)
+        assert (node.kwargs["package"], node.kwargs["executable"]) == (spec.package,
+                                                                      spec.executable)
+        files = [p for p in node.kwargs["parameters"] if isinstance(p, str)]
+        assert files == list(spec.parameter_files)
+        assert list(node.kwargs["remappings"]) == list(spec.remappings)
+        overrides = node.kwargs["parameters"][-1]
+        expected = spec.parameter_dict()
+        if name == "safety_filter":
+            expected["require_confidence"] = False  # the excitation carries no confidence
+        assert overrides == expected
+    assert ("sim_bridge" in [n.kwargs["name"] for n in nodes]) == (backend == "sim")
