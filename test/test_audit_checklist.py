@@ -168,7 +168,8 @@ CASES: list[Case] = [
     # latency
     ("latency", GREEN, lambda e: e),
     ("latency", AMBER, lambda e: with_(e, latency=[])),
-    ("latency", AMBER, lambda e: with_(e, faults=faults(skip="joint_states_stale"))),
+    ("latency", AMBER, lambda e: with_(e, faults=dataclasses.replace(faults(), faults=tuple(
+        f for f in faults().faults if "watchdog" not in fault_capabilities(f))))),
     ("latency", AMBER, lambda e: with_(e, latency=[
         LatencyMeasurement("live", 500, 0.030, 0.045, 0.05)])),  # 35 ms > 21 ms + 7 ms
     # Model [7, 21] ms + 2 ms jitter, tolerance 5 ms; the calibration adds 5 ms of drive and
@@ -234,6 +235,21 @@ def test_thresholds_are_configurable() -> None:
     assert evaluate(ev, NOW, Thresholds(calibration_min_runs=2)).row("dynamics").status == GREEN
     with pytest.raises(ValueError, match="noise_factor"):
         Thresholds(noise_factor=0.5)
+
+
+@pytest.mark.parametrize(("name", "gap", "caps"), [
+    # the safety suite's own names and playbook gap labels (safety/faults.py)
+    ("policy_killed", "latency", {"watchdog", "fallback"}),
+    ("joint_states_stopped", "latency", {"watchdog"}),
+    ("force_spike", "contact_actuator", {"estop"}),
+    ("uncertainty_spike", "dynamics", {"fallback"}),
+    ("policy_drift", "dynamics", {"monitor_rollback"}),
+    ("command_out_of_envelope", "contact_actuator", {"bounds"}),
+])
+def test_the_safety_suites_faults_map_to_exactly_their_capabilities(
+    name: str, gap: str, caps: set[str]
+) -> None:
+    assert fault_capabilities(FaultResult(name, gap, True, True)) == caps
 
 
 @pytest.mark.parametrize(("name", "gap", "cap"), [

@@ -20,7 +20,7 @@ from test_audit_latency import DelayedController, StatePublisher
 from sim2real_ros.audit.evidence import HilRecord, load_hil_record, write_hil_record
 from sim2real_ros.audit.sources import TERM_AXES, sim_model_for
 from sim2real_ros.cli import main
-from sim2real_ros.config import ConfigError
+from sim2real_ros.config import ConfigError, file_sha256
 from sim2real_ros.ros.env import child_env
 from sim2real_ros.ros.qos import LATCHED_QOS
 from sim2real_ros.sysid.bags import (
@@ -289,3 +289,38 @@ def test_audit_through_a_sysid_calibration_file(tmp_path: Path) -> None:
         c = write_unit_calibration(tmp_path / f"{name}.yaml", **kw)
         _, rep, _ = run(["--calibration", str(c), "--unit", UNIT, "-o", str(tmp_path / name)])
         assert rows(rep)["dynamics"] == "amber", name
+
+
+def write_suite_record(path: Path, envelope: Path, fail: str = "", extra: tuple[str, ...] = ()
+                       ) -> Path:
+    """A fault record as the safety suite writes it (its own writer and result type)."""
+    from sim2real_ros.safety.faults import FAULT_GAPS, FaultResult, write_fault_record
+
+    names = {**FAULT_GAPS, **{e: "contact_actuator" for e in extra}}
+    results = [FaultResult(n, g, True, n != fail, 1.0, "test") for n, g in names.items()]
+    write_fault_record(path, results, file_sha256(envelope))
+    return path
+
+
+def test_audit_through_the_safety_suites_fault_record(tmp_path: Path) -> None:
+    envelope = tmp_path / "envelope.yaml"
+    envelope.write_text("version: 1\n")
+    base = ["--envelope", str(envelope), "--bag", str(write_cell_bag(tmp_path / "run1", 1.5))]
+    rec = write_suite_record(tmp_path / "faults.json", envelope)
+    _, report, _ = run([*base, "--fault-record", str(rec), "-o", str(tmp_path / "a")])
+    safety = next(r for r in report["rows"] if r["gap"] == "safety")
+    latency = next(r for r in report["rows"] if r["gap"] == "latency")
+    # The suite fault-tests the watchdog, fallback, e-stop and rollback, but injects no
+    # out-of-envelope command: bounds stay untested in the record.
+    assert safety["status"] == "amber" and safety["missing"] == ["fault-test bounds"]
+    assert latency["status"] == "green", latency
+    with_bounds = write_suite_record(tmp_path / "faults2.json", envelope,
+                                     extra=("command_out_of_envelope",))
+    _, report, _ = run([*base, "--fault-record", str(with_bounds), "-o", str(tmp_path / "b")])
+    assert rows(report)["safety"] == "green"
+    failed = write_suite_record(tmp_path / "faults3.json", envelope, fail="force_spike")
+    code, report, _ = run([*base, "--fault-record", str(failed), "-o", str(tmp_path / "c")])
+    assert rows(report)["safety"] == "red" and code == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"envelope_sha256": "x", "created_utc": "", "faults": []}))
+    assert main(["audit", "--fault-record", str(bad), "-o", str(tmp_path / "d")]) == 2

@@ -117,8 +117,9 @@ REQUIRED_SAFETY_CAPABILITIES = ("bounds", "fallback", "monitor_rollback")
 _CAPABILITY_WORDS = {
     "bounds": ("bound", "envelope", "projection", "project", "clip", "limit", "fuzz",
                "adversarial", "invalid_command", "nan"),
+    # A killed policy is caught by the watchdog (its stream goes stale) before the fallback.
     "watchdog": ("watchdog", "stale", "joint_states", "clock", "out_of_order", "timeout",
-                 "missing_state", "stamp"),
+                 "missing_state", "stamp", "kill"),
     "fallback": ("fallback", "kill", "uncertainty", "confidence", "ood", "policy_dead",
                  "policy_stop"),
     "estop": ("estop", "e_stop", "e-stop", "force", "spike", "hard_limit"),

@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
                    help="rosbag2 bag: unit id, at-rest noise, observation-to-action latency "
                         "(repeatable)")
     p.add_argument("--fault-record", default="", metavar="JSON",
-                   help="the safety suite's fault-injection record")
+                   help="the safety suite's fault-injection record (default: the shipped "
+                        "config/safety_fault_record.json if there is one)")
     p.add_argument("--hil-record", action="append", default=[], metavar="JSON",
                    help="hardware-in-the-loop run record (repeatable)")
     p.add_argument("--unit", default="", help="the unit (serial) to be deployed on")
@@ -127,9 +128,10 @@ def gather(args: argparse.Namespace) -> tuple[AuditEvidence, dict[str, Any]]:
             ev.notes.append(f"bag {path}: no policy/arm command pairs, no latency measured")
     inputs["bags"] = list(args.bag)
     _camera_coverage(args, ev)
-    if args.fault_record:
-        ev.faults = fault_record_evidence(args.fault_record)
-    inputs["fault_record"] = args.fault_record or None
+    record = args.fault_record or _shipped("config", "safety_fault_record.json")
+    if record:
+        ev.faults = fault_record_evidence(record)
+    inputs["fault_record"] = str(record) if record else None
     ev.hil = [load_hil_record(p) for p in args.hil_record]
     inputs["hil_records"] = list(args.hil_record)
     envelope = Path(args.envelope) if args.envelope else _shipped("config", "safety_envelope.yaml")
