@@ -43,8 +43,8 @@ class DemoOptions:
     spike_duration_s: float = 4.0
     kill_at: float = 0.6
     # Size of the glitch that makes the spike (see adapters/faults.py).
-    spike_position_offset_rad: float = 0.5
-    spike_velocity_noise_rad_s: float = 1.0
+    spike_position_offset_rad: float = 0.2
+    spike_velocity_noise_rad_s: float = 0.5
     reach_tolerance_m: float = 0.03
 
 
