@@ -160,6 +160,9 @@ class Graph:
     args: GraphArgs
     backend: Backend
     nodes: tuple[NodeSpec, ...]
+    # The calibration file the arguments name, resolved ("" = none). On the sim backend the sim
+    # bridge loads it; on the real backend the runner checks the live arm is its unit.
+    calibration_path: str = ""
 
     def node(self, name: str) -> NodeSpec:
         """Return the node called `name`; KeyError names what exists."""
@@ -421,7 +424,7 @@ def build_graph(args: GraphArgs = GraphArgs(), backend_path: str | Path | None =
             restartable=entry.restartable,
             role=entry.role,
         ))
-    return Graph(args=args, backend=backend, nodes=tuple(nodes))
+    return Graph(args=args, backend=backend, nodes=tuple(nodes), calibration_path=calibration)
 
 
 def combined_params(graph: Graph) -> dict[str, Any]:

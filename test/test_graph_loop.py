@@ -23,6 +23,16 @@ from sim2real_ros.paths import share_path
 from sim2real_ros.ros.env import child_env
 
 REACH_TOLERANCE_M = 0.03
+CALIBRATION_OF_ANOTHER_UNIT = """\
+unit: {serial: arm-SN0000}
+created_utc: '2026-01-01T00:00:00+00:00'
+runs: [run1]
+n_runs: 1
+nominal: {}
+latency: {}
+noise: {}
+randomization: {}
+"""
 
 
 def _start_run(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -72,7 +82,10 @@ def _assert_clean(text: str, proc: subprocess.Popen[bytes], nodes: list[str]) ->
     assert proc.returncode == 0, text[-6000:]
     assert "stopping (SIGINT)" in text and "all nodes stopped; exit 0" in text, text[-4000:]
     for name in nodes:
-        assert f"[{name}] " in text, f"no output prefixed [{name}]"
+        assert f"[runner] started {name} (pid " in text
+    # Node output reaches the console prefixed with the node's name (the policy logs its
+    # version at start-up; other nodes may be silent).
+    assert "[policy_node] [INFO]" in text and "active policy version" in text
 
 
 @pytest.mark.graph
@@ -103,10 +116,16 @@ def test_real_backend_runs_against_a_ros2_control_driver_with_no_code_change(
     driver = node_processes.start(  # type: ignore[attr-defined]
         "sim2real_ros.proxy.node", name="proxy_arm",
         ros_args=["--params-file", str(share_path("config", "nodes", "proxy_arm.yaml"))])
-    proc, log = _start_run(["--backend", "real"], tmp_path)
+    # A calibration made on another unit: the runner must say so loudly (the proxy reports
+    # unit_id 'nominal' on /diagnostics, as a driver reports the serial of its arm).
+    calibration = tmp_path / "arm-SN0000.yaml"
+    calibration.write_text(CALIBRATION_OF_ANOTHER_UNIT)
+    proc, log = _start_run(["--backend", "real", "--calibration", str(calibration)], tmp_path)
     try:
         _watch(ros_context, proc, log, targets=1, timeout_s=75.0, topics=graph.backend.topics)
         assert driver.poll() is None, node_processes.log(driver)  # type: ignore[attr-defined]
     finally:
         text = _ctrl_c(proc, log)
     _assert_clean(text, proc, graph.names())
+    assert "[runner] UNIT MISMATCH: calibration" in text
+    assert "'arm-SN0000' but the live arm reports 'nominal'" in text
