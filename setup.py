@@ -50,6 +50,7 @@ setup(
             "proxy_arm = sim2real_ros.proxy.node:main",
             "trajectory_adapter = sim2real_ros.adapters.trajectory_node:main",
             "fault_injector = sim2real_ros.adapters.fault_node:main",
+            "unit_check = sim2real_ros.adapters.unit_node:main",
         ],
     },
 )

@@ -161,7 +161,7 @@ class Graph:
     backend: Backend
     nodes: tuple[NodeSpec, ...]
     # The calibration file the arguments name, resolved ("" = none). On the sim backend the sim
-    # bridge loads it; on the real backend the runner checks the live arm is its unit.
+    # bridge loads it; on the real backend `unit_check` checks the live arm is its unit.
     calibration_path: str = ""
 
     def node(self, name: str) -> NodeSpec:
@@ -272,6 +272,8 @@ NODE_TABLE: tuple[_NodeEntry, ...] = (
                True),
     _NodeEntry("trajectory_adapter", "trajectory_adapter",
                "sim2real_ros.adapters.trajectory_node", "adapter", False),
+    # Real backend with a calibration only: is the live arm the calibrated unit?
+    _NodeEntry("unit_check", "unit_check", "sim2real_ros.adapters.unit_node", "monitor", True),
 )
 DRIVER_NODE_NAMES = ("sim_bridge",)
 
@@ -394,6 +396,8 @@ def build_graph(args: GraphArgs = GraphArgs(), backend_path: str | Path | None =
             continue
         if entry.role == "adapter" and backend.command_interface != "joint_trajectory_controller":
             continue
+        if entry.name == "unit_check" and not (calibration and not backend.driver_nodes):
+            continue
         params: dict[str, Any] = {"use_sim_time": backend.use_sim_time}
         remaps = list(driver_remaps)
         if entry.role == "driver":
@@ -409,6 +413,8 @@ def build_graph(args: GraphArgs = GraphArgs(), backend_path: str | Path | None =
             remaps.append((DRIVER_TOPICS["position_command"], ADAPTER_INPUT_TOPIC))
             if entry.role == "adapter":
                 params["time_from_start_s"] = backend.trajectory_time_from_start_s
+        if entry.name == "unit_check":
+            params["calibration_file"] = calibration
         if entry.name == ROLLOUT_STAGE_PARAM[0]:
             params[ROLLOUT_STAGE_PARAM[1]] = args.rollout_stage
         if entry.name == POLICY_VERSION_PARAM[0] and args.policy_version:

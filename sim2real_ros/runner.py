@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from sim2real_ros.graph import RESTART_DELAY_S, RESTART_LIMIT, Graph, NodeSpec
 from sim2real_ros.ros.env import child_env
@@ -76,82 +76,6 @@ class RunnerConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-class UnitWatch:
-    """Warn loudly when the live arm is not the unit the calibration was made on.
-
-    Listens (own rclpy context, background thread) to /diagnostics for the key `unit_id`, which
-    a driver that knows its arm reports (proxy_arm, the sim bridge; the audit reads the same
-    key), and compares it with the calibration's unit through the sysid room's `check_unit`.
-    """
-
-    def __init__(self, calibration_path: str, say: Callable[[str], None],
-                 silence_warning_s: float = 10.0) -> None:
-        from sim2real_ros.sysid.calibration import load_calibration
-
-        self.calibration = load_calibration(calibration_path)
-        self._say = say
-        self._silence_s = silence_warning_s
-        self.live_unit_id: str | None = None
-        self.mismatch: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True, name="unit-watch")
-
-    def start(self) -> None:
-        """Start listening."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop listening."""
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-
-    def _spin(self) -> None:
-        import rclpy
-        from diagnostic_msgs.msg import DiagnosticArray
-        from rclpy.context import Context
-        from rclpy.executors import SingleThreadedExecutor
-        from rclpy.signals import SignalHandlerOptions
-
-        from sim2real_ros.ros.qos import STATE_QOS
-        from sim2real_ros.sysid.calibration import check_unit
-
-        ctx = Context()
-        rclpy.init(context=ctx, signal_handler_options=SignalHandlerOptions.NO)
-        node = rclpy.create_node("sim2real_run_unit_watch", context=ctx)
-
-        def on_diag(msg: DiagnosticArray) -> None:
-            for status in msg.status:
-                for kv in status.values:
-                    if kv.key == "unit_id" and kv.value and self.live_unit_id is None:
-                        self.live_unit_id = kv.value
-                        self.mismatch = check_unit(self.calibration, kv.value)
-                        if self.mismatch:
-                            for line in ("!" * 72, self.mismatch, "!" * 72):
-                                self._say(line)
-                        else:
-                            self._say(f"live arm is unit '{kv.value}', the calibrated unit")
-
-        node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, STATE_QOS)
-        ex = SingleThreadedExecutor(context=ctx)
-        ex.add_node(node)
-        t0 = time.monotonic()
-        warned = False
-        try:
-            while not self._stop.is_set() and ctx.ok():
-                ex.spin_once(timeout_sec=0.1)
-                if (self.live_unit_id is None and not warned
-                        and time.monotonic() - t0 > self._silence_s):
-                    warned = True
-                    self._say(f"WARNING: no node reports a unit_id on /diagnostics after "
-                              f"{self._silence_s:.0f} s; cannot check that the live arm is "
-                              f"'{self.calibration.unit_id}', the unit of "
-                              f"{self.calibration.path}")
-        finally:
-            ex.shutdown()
-            node.destroy_node()
-            rclpy.shutdown(context=ctx)
-
-
 class GraphRunner:
     """Start, watch, restart and stop the nodes of one graph."""
 
@@ -170,7 +94,6 @@ class GraphRunner:
         self.events: list[RunnerEvent] = []
         self._t0 = time.monotonic()
         self.failed_node: str | None = None
-        self.unit_watch: UnitWatch | None = None
         # Refuse early (before any process exists) when the DDS environment is unsafe.
         self._env = child_env(self.config.extra_env)
 
@@ -242,11 +165,8 @@ class GraphRunner:
         self.say(f"{kind} {spec.name} (pid {popen.pid})")
 
     def start(self) -> None:
-        """Start every node in graph order (and the unit check on a calibrated real arm)."""
+        """Start every node in graph order."""
         self._t0 = time.monotonic()
-        if self.graph.backend.name == "real" and self.graph.calibration_path:
-            self.unit_watch = UnitWatch(self.graph.calibration_path, self.say)
-            self.unit_watch.start()
         self.say(f"starting {len(self.graph.nodes)} nodes, backend {self.graph.backend.name}: "
                  + ", ".join(self.graph.names()))
         for spec in self.graph.nodes:
@@ -320,8 +240,6 @@ class GraphRunner:
         Return True when every node left on SIGINT (a clean shutdown).
         """
         self._pending_restart.clear()
-        if self.unit_watch is not None:
-            self.unit_watch.stop()
         live = [p for p in reversed(list(self._procs.values())) if p.popen.poll() is None]
         for p in live:
             p.expected_exit = True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import spin_until
@@ -96,4 +98,68 @@ def test_injector_node_glitches_joint_states_while_its_parameters_say_so(
     assert list(send_and_get().position) == [0.1, 0.2, 0.3]
     ex.shutdown()
     inj.destroy_node()
+    peer.destroy_node()
+
+
+CALIBRATION = """\
+unit: {serial: arm-SN1234}
+created_utc: '2026-01-01T00:00:00+00:00'
+runs: [run1]
+n_runs: 1
+nominal: {}
+latency: {}
+noise: {}
+randomization: {}
+"""
+
+
+def test_unit_check_runs_only_on_a_calibrated_real_arm(tmp_path: Path) -> None:
+    cal = tmp_path / "arm-SN1234.yaml"
+    cal.write_text(CALIBRATION)
+    real = build_graph(GraphArgs(backend="real", calibration=str(cal)))
+    assert real.node("unit_check").parameter_dict()["calibration_file"] == str(cal.resolve())
+    assert real.node("unit_check").restartable  # a monitor: its death must not stop the arm
+    assert "unit_check" not in build_graph(GraphArgs(backend="real")).names()
+    sim = build_graph(GraphArgs(backend="sim", calibration=str(cal)))
+    assert "unit_check" not in sim.names()
+    assert sim.node("sim_bridge").parameter_dict()["calibration_file"] == str(cal.resolve())
+
+
+@pytest.mark.parametrize("live, level, fragment", [
+    ("arm-SN9999", 2, "UNIT MISMATCH: live 'arm-SN9999', calibration 'arm-SN1234'"),
+    ("arm-SN1234", 0, "live arm is the calibrated unit 'arm-SN1234'"),
+])
+def test_unit_check_node_reports_whether_the_live_arm_is_the_calibrated_unit(
+    tmp_path: Path, ros_context: object, live: str, level: int, fragment: str
+) -> None:
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.parameter import Parameter
+
+    from sim2real_ros.adapters.unit_node import UnitCheck
+    from sim2real_ros.ros.diagnostics import make_status, status_level
+
+    cal = tmp_path / "arm-SN1234.yaml"
+    cal.write_text(CALIBRATION)
+    check = UnitCheck(context=ros_context, parameter_overrides=[
+        Parameter("calibration_file", value=str(cal)),
+        Parameter("diagnostics_period_s", value=0.1)])
+    peer = Node("driver_stand_in", context=ros_context)
+    got: list[object] = []
+    pub = peer.create_publisher(DiagnosticArray, "/diagnostics", STATE_QOS)
+    peer.create_subscription(
+        DiagnosticArray, "/diagnostics",
+        lambda m: got.extend(s for s in m.status if s.name.startswith("unit_check:")), STATE_QOS)
+    ex = SingleThreadedExecutor(context=ros_context)
+    ex.add_node(check)
+    ex.add_node(peer)
+
+    def report() -> bool:
+        pub.publish(DiagnosticArray(status=[make_status("arm: drive", 0, "ok",
+                                                        {"unit_id": live})]))
+        return check.live_unit_id == live and bool(got) and fragment in got[-1].message
+
+    assert spin_until(ex, report, 10.0), [s.message for s in got[-3:]]  # type: ignore[attr-defined]
+    assert status_level(got[-1]) == level  # type: ignore[arg-type]
+    ex.shutdown()
+    check.destroy_node()
     peer.destroy_node()

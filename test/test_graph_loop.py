@@ -111,15 +111,15 @@ def test_sim_graph_closes_the_loop_and_the_arm_reaches_its_targets(
 def test_real_backend_runs_against_a_ros2_control_driver_with_no_code_change(
     tmp_path: Path, ros_context: object, node_processes: object
 ) -> None:
-    graph = build_graph(GraphArgs(backend="real"))
-    assert "sim_bridge" not in graph.names()
+    calibration = tmp_path / "arm-SN0000.yaml"
+    calibration.write_text(CALIBRATION_OF_ANOTHER_UNIT)
+    graph = build_graph(GraphArgs(backend="real", calibration=str(calibration)))
+    assert "sim_bridge" not in graph.names() and "unit_check" in graph.names()
     driver = node_processes.start(  # type: ignore[attr-defined]
         "sim2real_ros.proxy.node", name="proxy_arm",
         ros_args=["--params-file", str(share_path("config", "nodes", "proxy_arm.yaml"))])
-    # A calibration made on another unit: the runner must say so loudly (the proxy reports
+    # A calibration made on another unit: unit_check must say so loudly (the proxy reports
     # unit_id 'nominal' on /diagnostics, as a driver reports the serial of its arm).
-    calibration = tmp_path / "arm-SN0000.yaml"
-    calibration.write_text(CALIBRATION_OF_ANOTHER_UNIT)
     proc, log = _start_run(["--backend", "real", "--calibration", str(calibration)], tmp_path)
     try:
         _watch(ros_context, proc, log, targets=1, timeout_s=75.0, topics=graph.backend.topics)
@@ -127,5 +127,5 @@ def test_real_backend_runs_against_a_ros2_control_driver_with_no_code_change(
     finally:
         text = _ctrl_c(proc, log)
     _assert_clean(text, proc, graph.names())
-    assert "[runner] UNIT MISMATCH: calibration" in text
+    assert "[unit_check] UNIT MISMATCH: calibration" in text
     assert "'arm-SN0000' but the live arm reports 'nominal'" in text
