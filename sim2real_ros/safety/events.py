@@ -38,6 +38,8 @@ class SafetyEvent:
     t_s: float = 0.0
     # Fallback/hold events: control periods from the moment the condition held to the reaction.
     reaction_periods: float | None = None
+    # ...and how late (control periods) the reacting tick itself ran: scheduling delay.
+    tick_late_periods: float | None = None
 
     def to_dict(self, envelope_sha256: str) -> dict[str, Any]:
         """Return the event as the JSON object published on safety_filter/events."""
@@ -53,6 +55,8 @@ class SafetyEvent:
         }
         if self.reaction_periods is not None:
             out["reaction_periods"] = self.reaction_periods
+        if self.tick_late_periods is not None:
+            out["tick_late_periods"] = self.tick_late_periods
         return out
 
     def to_json(self, envelope_sha256: str) -> str:

@@ -21,6 +21,9 @@ class MonitorConfig:
     # The window must be this full (time covered / window_s) before it can fire.
     min_fill: float = 0.9
     max_intervention_rate: float = 0.5  # fraction of ticks the projector changed the command
+    # A tick counts as an intervention only if the command moved by more than this (rad): the
+    # jerk-level trims a jittery stream needs are not the policy asking for too much.
+    min_intervention_rad: float = 1e-3
     max_fallback_rate: float = 0.5  # fraction of ticks the policy should have driven but did not
     max_tracking_error_rad: float = 0.25  # mean over the window of max_joint |cmd - measured|
     max_force_events: int = 5  # rising edges of the wrist force above the warning level
@@ -36,6 +39,8 @@ class MonitorConfig:
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 return f"{name} must be in (0, 1], got {v}"
+        if not self.min_intervention_rad >= 0.0:
+            return f"min_intervention_rad must be >= 0, got {self.min_intervention_rad}"
         if not self.max_tracking_error_rad > 0.0:
             return f"max_tracking_error_rad must be > 0, got {self.max_tracking_error_rad}"
         if self.max_force_events < 1:

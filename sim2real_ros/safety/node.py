@@ -145,6 +145,9 @@ PARAMS = [
     ParamSpec("monitor_max_fallback_rate", 0.5,
               "Roll back above this fraction of ticks in fallback (limited/full).", low=1e-6,
               high=1.0, read_only=RO),
+    ParamSpec("monitor_min_intervention_rad", 0.001,
+              "A tick counts as an intervention for the monitor only if the projection moved "
+              "the command by more than this (rad).", low=0.0, high=10.0, read_only=RO),
     ParamSpec("monitor_max_tracking_error_rad", 0.25,
               "Roll back above this mean |command - measured| (rad).", low=1e-6, high=10.0,
               read_only=RO),
@@ -191,6 +194,7 @@ class SafetyFilter(Node):
             window_s=p["monitor_window_s"], min_fill=p["monitor_min_fill"],
             max_intervention_rate=p["monitor_max_intervention_rate"],
             max_fallback_rate=p["monitor_max_fallback_rate"],
+            min_intervention_rad=p["monitor_min_intervention_rad"],
             max_tracking_error_rad=p["monitor_max_tracking_error_rad"],
             max_force_events=p["monitor_max_force_events"], cooldown_s=p["monitor_cooldown_s"])
         cfg = SupervisorConfig(

@@ -64,6 +64,7 @@ class Projection:
     intervened: bool  # True: the emitted command differs from the (valid) request
     events: list[SafetyEvent] = field(default_factory=list)
     braking: bool = False  # the Cartesian check failed (or input invalid): all joints brake
+    deviation: float = 0.0  # largest |emitted - requested| over the joints (rad, rad/s, N·m)
 
 
 @dataclass
@@ -493,7 +494,7 @@ class Projector:
         base = x_base if x_base is not None else self.x
         proj = self._commit(mode, self._brake_jerks(dt, base), dt, base)
         return Projection(proj, mode, dt, accepted=accepted, intervened=True, events=events,
-                          braking=True)
+                          braking=True, deviation=math.inf)
 
     def _request_rates(self, i: int, jt: _Joint, r: float, dt: float) -> tuple[float, float]:
         """Velocity and acceleration of the request stream (zero after a reset or a jump)."""
@@ -563,14 +564,18 @@ class Projector:
             jerks = [b + good * (c - b) for b, c in zip(brake, jerks)]
         out = self._commit(mode, jerks, dt, x_base, None if braking else req)
         intervened = braking
+        deviation = 0.0
         for i in range(n):
-            if abs(out[i] - req[i]) > _TOL_ABS * (1.0 + abs(req[i])):
+            d = abs(out[i] - req[i])
+            if d > _TOL_ABS * (1.0 + abs(req[i])):
                 intervened = True
+                if d > deviation:
+                    deviation = d
                 if not braking:
                     events.append(self._why(i, req[i], out[i], x_prev[i], v_prev[i],
                                             a_prev[i], mode, dt))
         return Projection(out, mode, dt, accepted=True, intervened=intervened, events=events,
-                          braking=braking)
+                          braking=braking, deviation=deviation)
 
     def _commit(self, mode: str, jerks: list[float], dt: float, x_base: list[float],
                 req: list[float] | None = None) -> list[float]:
@@ -721,8 +726,9 @@ class Projector:
                 intervened = True
             out[i] = t
         self.last_effort = out
+        deviation = max(abs(o - r) for o, r in zip(out, req))
         return Projection(out, EFFORT, self.period_s, accepted=True, intervened=intervened,
-                          events=events)
+                          events=events, deviation=deviation)
 
     def effort_hold(self, measured: Sequence[float] | None,
                     measured_velocity: Sequence[float] | None,

@@ -171,8 +171,13 @@ class Supervisor:
         self._last_status: tuple[str, str, bool, str, str] | None = None
         self.force_above_warning = False
         self.last_command: list[float] = []
+        # The monitor judges a policy only after it has driven once in the current stage, so a
+        # policy that is still starting up is not "falling back" (and not rolled back).
+        self._monitor_armed = False
         self.ticks = 0
         self.interventions = 0
+        self.hard_violations = 0
+        self._tick_late_periods = 0.0
 
     # -- stage -----------------------------------------------------------------------------
     def _apply_scale(self) -> None:
@@ -188,6 +193,8 @@ class Supervisor:
         self.stage = stage
         self._apply_scale()
         self.monitor.reset()
+        # A policy that keeps driving across the change stays under watch.
+        self._monitor_armed = self.authority
         e = SafetyEvent(ev.STAGE, "rollout_stage", "", 0.0, f"{old} -> {stage}: {reason}", now_s)
         self._pending.append(e)
         return [e]
@@ -251,8 +258,10 @@ class Supervisor:
     def on_policy_command(self, now_s: float, stamp_s: float, names: Sequence[str] | None,
                           values: Sequence[float]) -> list[SafetyEvent]:
         """Take a policy command (stamp = the joint_states stamp it answers)."""
-        ref = self.joint_watch.last_stamp_s
-        why = self.policy_watch.accept(now_s, stamp_s, ref if ref is not None else now_s)
+        # "From the future" is judged against the node clock: the driver stamps joint_states
+        # on the same clock, and a filter that is behind on its joint_states queue must not
+        # mistake a timely answer for a forged one.
+        why = self.policy_watch.accept(now_s, stamp_s, now_s)
         if not why:
             order = self.projector.order(names, values)
             if isinstance(order, str):
@@ -266,8 +275,7 @@ class Supervisor:
     def on_confidence(self, now_s: float, stamp_s: float, disagreement_rad: float,
                       ood_score: float) -> list[SafetyEvent]:
         """Take the policy's confidence (ensemble disagreement in rad, OOD score)."""
-        ref = self.joint_watch.last_stamp_s
-        why = self.confidence_watch.accept(now_s, stamp_s, ref if ref is not None else now_s)
+        why = self.confidence_watch.accept(now_s, stamp_s, now_s)
         if why:
             e = SafetyEvent(ev.INVALID_INPUT, why, "", math.nan, f"policy/confidence {why}", now_s)
             self._pending.append(e)
@@ -280,8 +288,7 @@ class Supervisor:
     def on_baseline_command(self, now_s: float, stamp_s: float, names: Sequence[str] | None,
                             values: Sequence[float]) -> list[SafetyEvent]:
         """Take a baseline command (stamp = the joint_states stamp it answers)."""
-        ref = self.joint_watch.last_stamp_s
-        why = self.baseline_watch.accept(now_s, stamp_s, ref if ref is not None else now_s)
+        why = self.baseline_watch.accept(now_s, stamp_s, now_s)
         if not why:
             order = self.projector.order(names, values)
             if not isinstance(order, str):
@@ -318,10 +325,13 @@ class Supervisor:
 
     def _latch(self, now_s: float, limit: str, joint: str, excess: float, detail: str
                ) -> list[SafetyEvent]:
+        self.hard_violations += 1
+        if self.estop:
+            # Already latched: further readings over the limit are counted, not re-reported.
+            return []
         e = SafetyEvent(ev.ESTOP, limit, joint, excess, detail, now_s)
-        if not self.estop:
-            self.estop = True
-            self.estop_reason = f"{limit}{'[' + joint + ']' if joint else ''}: {detail}"
+        self.estop = True
+        self.estop_reason = f"{limit}{'[' + joint + ']' if joint else ''}: {detail}"
         self._pending.append(e)
         return [e]
 
@@ -358,6 +368,7 @@ class Supervisor:
         self.policy_invalid = False
         self._lose_authority(now_s, "estop_reset", "e-stop reset", 0.0)
         self.monitor.reset()
+        self._monitor_armed = False
         self._pending.append(SafetyEvent(ev.ESTOP_RESET, "", "", 0.0, f"cleared: {reason}", now_s))
         return True, f"e-stop cleared (was: {reason})"
 
@@ -372,7 +383,8 @@ class Supervisor:
             delay = max(0.0, now_s - since) if (since is not None and st != "stale_stamp") else 0.0
             return f"policy_{st}", f"policy command {st}", delay
         if self.policy_invalid:
-            return "invalid_command", "the last policy command was invalid", 0.0
+            return ("invalid_command", "the last policy command was invalid",
+                    max(0.0, now_s - self._invalid_times[-1]) if self._invalid_times else 0.0)
         if cfg.require_confidence:
             cst = self.confidence_watch.status(now_s, ref)
             if cst != FRESH:
@@ -383,12 +395,15 @@ class Supervisor:
             # Hysteresis: leaving needs the enter threshold, returning the lower exit one.
             d_lim = cfg.disagreement_enter_rad if self.authority else cfg.disagreement_exit_rad
             o_lim = cfg.ood_enter if self.authority else cfg.ood_exit
+            # Reaction counted from the arrival of the confidence sample that crossed.
+            arrived = self.confidence_watch.last_arrival_s
+            delay = max(0.0, now_s - arrived) if arrived is not None else 0.0
             if not self.disagreement_rad <= d_lim:
                 return ("disagreement",
                         f"ensemble disagreement {self.disagreement_rad:.4f} rad > {d_lim} rad",
-                        0.0)
+                        delay)
             if not self.ood <= o_lim:
-                return "ood", f"OOD score {self.ood:.3f} > {o_lim}", 0.0
+                return "ood", f"OOD score {self.ood:.3f} > {o_lim}", delay
         return "", "", 0.0
 
     def _lose_authority(self, now_s: float, code: str, detail: str, delay_s: float) -> None:
@@ -396,10 +411,12 @@ class Supervisor:
         if self.authority:
             self.authority = False
             periods = delay_s / self.config.period_s
+            late = self._tick_late_periods
             self._pending.append(SafetyEvent(
                 ev.FALLBACK, code, "", 0.0,
-                f"{detail}; reaction {periods:.2f} control periods after the condition held",
-                now_s, reaction_periods=periods))
+                f"{detail}; reaction {periods:.2f} control periods after the condition held "
+                f"(this tick ran {late:.2f} periods late)", now_s, reaction_periods=periods,
+                tick_late_periods=late))
         self.fallback_reason = code
 
     def tick(self, now_s: float, dt_s: float | None = None) -> TickResult:
@@ -411,6 +428,9 @@ class Supervisor:
         cfg = self.config
         dt = cfg.period_s if dt_s is None else dt_s
         self.ticks += 1
+        prev = self.clock.last_now_s
+        self._tick_late_periods = (0.0 if prev is None else
+                                   max(0.0, now_s - prev - cfg.period_s) / cfg.period_s)
         jump = self.clock.check(now_s)
         if jump:
             for w in (self.joint_watch, self.policy_watch, self.baseline_watch,
@@ -431,6 +451,7 @@ class Supervisor:
             # 1 ns slack: times are float seconds, "after 0.2 s" must not become 0.21 s.
             if now_s - self._calm_since >= cfg.calm_period_s - 1e-9:
                 self.authority = True
+                self._monitor_armed = True
                 self.fallback_reason = ""
                 self._pending.append(SafetyEvent(ev.RETURN, "calm_period", "", 0.0,
                                                  f"policy calm for {cfg.calm_period_s} s", now_s))
@@ -455,7 +476,8 @@ class Supervisor:
             periods = max(0.0, now_s - since) / cfg.period_s if since is not None else 0.0
             detail = self.estop_reason if hold_reason == "estop" else hold_reason
             self._pending.append(SafetyEvent(ev.HOLD, hold_reason, "", 0.0, detail, now_s,
-                                             reaction_periods=periods))
+                                             reaction_periods=periods,
+                                             tick_late_periods=self._tick_late_periods))
         elif source != SOURCE_HOLD and self.source == SOURCE_HOLD:
             self._pending.append(SafetyEvent(ev.RESUME, source, "", 0.0, f"{source} drives",
                                              now_s))
@@ -491,12 +513,14 @@ class Supervisor:
 
         # Monitor (only while the policy is meant to drive).
         verdict = None
-        if self.stage in POLICY_STAGES and not self.estop:
+        if self.stage in POLICY_STAGES and not self.estop and self._monitor_armed:
             err = 0.0
             if self.q is not None and res.command and mode == POSITION:
                 err = max(abs(c - m) for c, m in zip(res.command, self.q))
-            verdict = self.monitor.update(now_s, intervened and source == SOURCE_POLICY,
-                                          source != SOURCE_POLICY, err, self.force_above_warning)
+            counted = (intervened and source == SOURCE_POLICY
+                       and res.deviation > cfg.monitor.min_intervention_rad)
+            verdict = self.monitor.update(now_s, counted, source != SOURCE_POLICY, err,
+                                          self.force_above_warning)
             if verdict is not None:
                 self._pending.append(SafetyEvent(ev.MONITOR, "rollback", "", 0.0,
                                                  "; ".join(verdict.reasons), now_s))
