@@ -12,51 +12,83 @@ import pytest
 from sim2real_ros.ros.env import child_env
 
 REPO = Path(__file__).resolve().parent.parent
-# The smallest settings that still train, evaluate and score for real.
-TINY = ["--set", "train_iterations=1", "--set", "train_n_envs=2",
-        "--set", "train_steps_per_iteration=20", "--set", "train_grad_steps=20",
-        "--set", "train_members=2", "--set", "train_eval_episodes=2",
-        "--set", "sim_episodes=2"]
+# The smallest settings that still train, excite, fit, fine-tune, evaluate and score for real.
+SMALL = ["--set", "train_iterations=1", "--set", "train_n_envs=2",
+         "--set", "train_steps_per_iteration=30", "--set", "train_grad_steps=30",
+         "--set", "train_members=2", "--set", "train_eval_episodes=2",
+         "--set", "sim_episodes=2", "--set", "proxy_episodes=2", "--set", "excitation_s=6",
+         "--set", "finetune_trajectories=5"]
+# Every stage's artifacts that later stages or the reader rely on.
+EXPECTED = {
+    "s1_train": ["nominal/policy.pt", "randomized/policy.pt", "nominal/learning_curve.png",
+                 "sim_eval_nominal.json", "sim_eval_randomized.json", "summary.json"],
+    "s2_proxy_gap": ["proxy_eval_nominal.json", "proxy_eval_randomized.json",
+                     "hil_record_nominal.json", "hil_record_randomized.json",
+                     "audit_nominal/audit.json", "audit_randomized/audit.json",
+                     "spec_nominal.yaml"],
+    "s3a_sysid_record": ["bags/run_1/metadata.yaml", "bags/run_2/metadata.yaml",
+                         "bags/run_3/metadata.yaml"],
+    "s3b_sysid_fit": ["calibration.yaml"],
+    "s3c_train_calibrated": ["calibrated/policy.pt", "sim_eval_calibrated.json"],
+    "s3d_proxy_calibrated": ["proxy_eval_calibrated.json", "hil_record_calibrated.json",
+                             "audit_calibrated/audit.json"],
+    "s4a_collect": ["bags/collect/metadata.yaml", "collect_eval.json"],
+    "s4b_finetune": ["finetuned/policy.pt", "finetune_report.json", "sim_eval_finetuned.json"],
+    "s4c_proxy_finetuned": ["proxy_eval_finetuned.json", "hil_record_finetuned.json",
+                            "audit_finetuned/audit.json"],
+}
 
 
-def transfer(run_dir: Path, *extra: str, timeout_s: float = 600.0
+def transfer(run_dir: Path, *extra: str, timeout_s: float = 900.0
              ) -> subprocess.CompletedProcess[str]:
     """Run `sim2real experiment transfer --quick` in a child process, as a user would."""
     cmd = [sys.executable, "-m", "sim2real_ros.cli", "experiment", "transfer", "--quick",
-           "--run-dir", str(run_dir), *TINY, *extra]
+           "--run-dir", str(run_dir), *SMALL, *extra]
     return subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True,
                           timeout=timeout_s, check=False)
 
 
 @pytest.mark.slow
-def test_corrupted_intermediate_artifact_makes_the_resume_fail_naming_it(tmp_path: Path) -> None:
+def test_quick_run_writes_every_artifact_and_a_corrupted_one_stops_the_resume(
+        tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    first = transfer(run_dir, "--stage", "s1_train")
-    assert first.returncode == 0, first.stdout + first.stderr
-    manifest = json.loads((run_dir / "s1_train" / "manifest.json").read_text())
-    assert {"nominal/policy.pt", "randomized/policy.pt", "sim_eval_nominal.json",
-            "sim_eval_randomized.json", "summary.json"} <= set(manifest["files"])
-    assert (run_dir / "report" / "results.md").is_file()
-    run_info = json.loads((run_dir / "run.json").read_text())
-    assert run_info["quick"] is True and len(run_info["unit_file_sha256"]) == 64
-    assert run_info["versions"]["mujoco"] != "not installed"
+    first = transfer(run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert first.returncode == 0 and not status["blocked"], (
+        f"blocked: {status['blocked']}\n{first.stdout[-4000:]}\n{first.stderr[-4000:]}")
+    for stage, files in EXPECTED.items():
+        sealed = json.loads((run_dir / stage / "manifest.json").read_text())["files"]
+        missing = [f for f in files if f not in sealed]
+        assert not missing, f"{stage} lacks {missing}"
+    results = json.loads((run_dir / "report" / "results.json").read_text())
+    assert len(results["rows"]) == 4
+    for row in results["rows"]:
+        assert row["sim_success"] is not None and row["proxy_success"] is not None, row
+        assert row["audit"] and set(row["audit"]) == {
+            "visual", "dynamics", "sensor", "actuator", "latency", "safety"}, row
+    assert results["parameter_recovery"]["parameters"]
+    for name in ("results.md", "success.png", "final_errors.png", "parameter_recovery.png"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["quick"] is True and len(info["unit_file_sha256"]) == 64
+    assert info["versions"]["mujoco"] != "not installed"
 
-    # An intact run resumes without redoing the sealed stage.
-    again = transfer(run_dir, "--resume", "--stage", "s1_train")
+    # An intact run resumes without redoing anything.
+    again = transfer(run_dir, "--resume")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "sealed, verified, reused" in again.stdout
+    assert again.stdout.count("sealed, verified, reused") == len(EXPECTED)
 
-    # One flipped byte in an intermediate artifact: the resume stops and names the file.
-    policy = run_dir / "s1_train" / "randomized" / "policy.pt"
-    data = bytearray(policy.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    policy.write_bytes(bytes(data))
+    # One flipped byte in an intermediate artifact (the calibration the retraining used):
+    # the resume stops before doing anything and names the file.
+    calibration = run_dir / "s3b_sysid_fit" / "calibration.yaml"
+    data = bytearray(calibration.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    calibration.write_bytes(bytes(data))
     broken = transfer(run_dir, "--resume")
     assert broken.returncode == 2, broken.stdout + broken.stderr
-    assert str(policy) in broken.stderr and "sha256" in broken.stderr
+    assert str(calibration) in broken.stderr and "sha256" in broken.stderr
     assert "modified or corrupted" in broken.stderr
-    # Nothing after the check ran: no later stage folder appeared.
-    assert not (run_dir / "s2_proxy_gap").exists()
+    assert "sealed, verified, reused" not in broken.stdout
 
 
 def test_new_run_refuses_to_overwrite_and_bad_settings_name_the_key(

@@ -150,13 +150,17 @@ def safety_timing(timeout_s: float) -> dict[str, float]:
     The shipped values (25 ms stream timeouts, 5 ms future-stamp tolerance) fit a cell's
     real-time host; on 2 shared cores the filter's own joint_states queue lags the policy's by
     more than 5 ms, so answers to the newest state were rejected as "from the future" and
-    latched the e-stop (observed). 0 = the shipped values.
+    latched the e-stop, and the sysid recorder's excitation (stamped with the state it last
+    processed) was rejected as stale (both observed). 0 = the shipped values.
     """
     if timeout_s <= 0:
         return {}
+    # A node that answers late (its joint_states queue backlogged) answers an old stamp:
+    # the stamp-age limits grow with the timeouts.
     return {"command_timeout_s": timeout_s, "baseline_timeout_s": timeout_s,
             "state_timeout_s": timeout_s, "confidence_timeout_s": timeout_s,
-            "future_tolerance_s": timeout_s / 2}
+            "future_tolerance_s": timeout_s / 2, "max_command_age_s": 3 * timeout_s,
+            "max_baseline_age_s": 3 * timeout_s}
 
 
 def real_backend_graph(

@@ -533,15 +533,29 @@ def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
 
     def body() -> dict[str, Any]:
         unit = observe_unit_id(ctx.proxy.check)
-        bags = []
+        bags: list[str] = []
+        rejected: list[dict[str, Any]] = []
         with sysid_support_graph(unit, out / "logs", ctx.cfg.safety_timeout_s) as runner:
             for k in range(ctx.cfg.sysid_runs):
                 name = f"run_{k + 1}"
-                ctx.progress.say(f"excitation run {k + 1}/{ctx.cfg.sysid_runs} "
-                                 f"({ctx.cfg.excitation_s:g} s multisine, unit {unit})")
-                _excite(ctx, out, unit, name, k, runner)
+                for attempt in range(1, EXCITE_ATTEMPTS + 1):
+                    ctx.progress.say(f"excitation run {k + 1}/{ctx.cfg.sysid_runs} "
+                                     f"({ctx.cfg.excitation_s:g} s multisine, unit {unit})"
+                                     + (f", attempt {attempt}" if attempt > 1 else ""))
+                    try:
+                        _excite(ctx, out, unit, name, k, runner)
+                        break
+                    except ExcitationHeld as exc:
+                        # As an operator would: keep the failed recording aside, record again.
+                        kept = out / "rejected" / f"{name}_attempt_{attempt}"
+                        kept.parent.mkdir(exist_ok=True)
+                        (out / "bags" / name).rename(kept)
+                        rejected.append({"run": name, "attempt": attempt, "bag": str(
+                            kept.relative_to(out)), "why": str(exc)})
+                        if attempt == EXCITE_ATTEMPTS:
+                            raise StageBlocked(f"{exc} (after {attempt} attempts)") from exc
                 bags.append(name)
-        return {"bags": bags, "unit_id": unit}
+        return {"bags": bags, "unit_id": unit, "rejected_recordings": rejected}
 
     return _with_proxy(ctx, out, body)
 
@@ -577,13 +591,20 @@ def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) 
     _check_excited(out / "bags" / name, ctx.arm.n_joints)
 
 
+EXCITE_ATTEMPTS = 3
+
+
+class ExcitationHeld(StageBlocked):
+    """A recording in which the safety filter held the arm: nothing to identify from."""
+
+
 def _check_excited(bag: Path, n_joints: int) -> None:
     """Refuse a run in which the arm never received a moving command (a held filter)."""
     from sim2real_ros.sysid.bags import read_position_commands
 
     cmds = read_position_commands(bag, n_joints, "forward_position_controller/commands")
     if cmds.values.shape[0] < 2 or not np.any(np.abs(np.diff(cmds.values, axis=0)) > 1e-9):
-        raise StageBlocked(
+        raise ExcitationHeld(
             f"step 3 excitation: {bag} holds no moving arm command: the safety filter held the "
             "arm during the excitation (see its events in the bag, e.g. `sim2real sysid info`)")
 
@@ -748,7 +769,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy; audit",
           ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated"),
           stage_proxy_calibrated),
-    Stage("s4a_collect", 4, "collect proxy trajectories (limited stage)",
+    Stage("s4a_collect", 4, "collect proxy trajectories (baseline acting, policy in shadow)",
           ("s1_train", "s3c_train_calibrated"), stage_collect),
     Stage("s4b_finetune", 4, "fine-tune the last layer on them", ("s4a_collect",),
           stage_finetune),
