@@ -204,8 +204,10 @@ class Graph:
         hearing the arm directly.
         """
         node = self.node(target)
+        files = node_params_file(FAULT_INJECTOR[0])
         injector = NodeSpec(
             name=FAULT_INJECTOR[0], executable=FAULT_INJECTOR[0], module=FAULT_INJECTOR[1],
+            parameter_files=(str(files),) if files.is_file() else (),
             parameters=(("use_sim_time", self.backend.use_sim_time),),
             remappings=tuple((s, d) for s, d in node.remappings
                              if s == DRIVER_TOPICS["joint_states"]),
@@ -434,19 +436,26 @@ def build_graph(args: GraphArgs = GraphArgs(), backend_path: str | Path | None =
 
 
 def combined_params(graph: Graph) -> dict[str, Any]:
-    """Return every node's params file merged into one ROS 2 params mapping (file order)."""
+    """Return the params files merged into one ROS 2 params mapping.
+
+    The graph's nodes come first, in start order; then every other config/nodes/*.yaml
+    (nodes of other graphs: sysid_recorder, the proxy_arm stand-in), by name.
+    """
+    files = [f for node in graph.nodes for f in node.parameter_files]
+    nodes_dir = share_path("config", "nodes")
+    seen = {Path(f).resolve() for f in files}
+    files += [str(f) for f in sorted(nodes_dir.glob("*.yaml")) if f.resolve() not in seen]
     out: dict[str, Any] = {}
-    for node in graph.nodes:
-        for f in node.parameter_files:
-            data = load_yaml(f)
-            for key, section in data.items():
-                out.setdefault(key, {"ros__parameters": {}})
-                out[key]["ros__parameters"].update((section or {}).get("ros__parameters", {}))
+    for f in files:
+        data = load_yaml(f)
+        for key, section in data.items():
+            out.setdefault(key, {"ros__parameters": {}})
+            out[key]["ros__parameters"].update((section or {}).get("ros__parameters", {}))
     return out
 
 
 def combined_params_text(graph: Graph) -> str:
-    """Return config/sim2real.yaml's content: the per-node files of the sim graph, merged."""
+    """Return config/sim2real.yaml's content: config/nodes/*.yaml merged."""
     header = (
         "# GENERATED from config/nodes/*.yaml by `python -m sim2real_ros.graph --write-params`;\n"
         "# do not edit here. One file per node stays the source of truth (each room owns its\n"
@@ -484,7 +493,7 @@ def _all_nodes_graph() -> Graph:
                  if node_params_file(e.name).is_file() else (), role=e.role)
         for e in NODE_TABLE if e.name not in names
     )
-    return replace(sim, nodes=sim.nodes + extra)
+    return replace(sim, nodes=sim.nodes + extra).with_fault_injector("policy_node")
 
 
 if __name__ == "__main__":
