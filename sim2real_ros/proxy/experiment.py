@@ -549,9 +549,10 @@ def stage_sysid_record(ctx: Context, out: Path) -> dict[str, Any]:
                         # As an operator would: keep the failed recording aside, record again.
                         kept = out / "rejected" / f"{name}_attempt_{attempt}"
                         kept.parent.mkdir(exist_ok=True)
-                        (out / "bags" / name).rename(kept)
+                        if (out / "bags" / name).exists():
+                            (out / "bags" / name).rename(kept)
                         rejected.append({"run": name, "attempt": attempt, "bag": str(
-                            kept.relative_to(out)), "why": str(exc)})
+                            kept.relative_to(out)), "why": str(exc).splitlines()[0]})
                         if attempt == EXCITE_ATTEMPTS:
                             raise StageBlocked(f"{exc} (after {attempt} attempts)") from exc
                 bags.append(name)
@@ -586,8 +587,8 @@ def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) 
                 proc.wait()
     if rc != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-        raise StageBlocked(f"step 3 excitation: `sim2real sysid excite` exited {rc}; see "
-                           f"{log_path}:\n{tail}")
+        raise ExcitationHeld(f"step 3 excitation: `sim2real sysid excite` exited {rc}; see "
+                             f"{log_path}:\n{tail}")
     _check_excited(out / "bags" / name, ctx.arm.n_joints)
 
 
@@ -595,7 +596,7 @@ EXCITE_ATTEMPTS = 3
 
 
 class ExcitationHeld(StageBlocked):
-    """A recording in which the safety filter held the arm: nothing to identify from."""
+    """A failed recording (recorder error, or the filter held the arm): record it again."""
 
 
 def _check_excited(bag: Path, n_joints: int) -> None:
