@@ -559,12 +559,21 @@ def write_plots(run_dir: Path, probe: Any, faults: list[FaultRecord],
         ts = np.asarray(core.source_times.get(src, []))
         if ts.size:
             ax.plot(ts - shift, np.full(ts.size, y), "|", ms=6, label=f"{src} commands")
-    for t, src in core.source_timeline:
-        ax.annotate(f"drives: {src}", (t - shift, 2), fontsize=7, rotation=30)
+    # Who the safety filter lets drive, as coloured bars on the top row.
+    colors = {"policy": "tab:orange", "baseline": "tab:blue", "hold": "tab:red"}
+    timeline = core.source_timeline
+    end_t = (core.command_arrivals_s[-1] - t0) if core.command_arrivals_s else 0.0
+    for k, (t, src) in enumerate(timeline):
+        t_next = timeline[k + 1][0] if k + 1 < len(timeline) else end_t
+        ax.broken_barh([(t - shift, max(t_next - t, 0.0))], (1.7, 0.6),
+                       color=colors.get(src, "0.5"))
+    for src, c in colors.items():
+        ax.plot([], [], color=c, lw=6, label=f"drives: {src}")
+    _legend(ax, "upper right")
     arm = np.asarray(core.command_arrivals_s) - t0 - shift
     if arm.size:
         ax.plot(arm, np.full(arm.size, -1), "|", ms=6, color="k", label="arm commands")
-    ax.set_yticks([-1, 0, 1, 2], ["arm", "baseline", "policy", "status"])
+    ax.set_yticks([-1, 0, 1, 2], ["arm", "baseline", "policy", "safety source"])
     ax.set_title("Who commands (a gap in 'policy' = the killed process)")
     ax.set_xlabel("time since the loop closed (s)")
     for a in axes:
