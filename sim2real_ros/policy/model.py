@@ -78,6 +78,10 @@ class EnsembleMLP(nn.Module):
             )
             self.weights.append(nn.Parameter(w))
             self.biases.append(nn.Parameter(torch.zeros(spec.members, 1, fan_out)))
+        # Plain references to the same Parameter objects: indexing a ParameterList costs more
+        # than the matrix products at batch 1 (load_state_dict copies in place, so they stay).
+        self._hidden_wb = tuple(zip(list(self.weights)[:-1], list(self.biases)[:-1], strict=True))
+        self._out_wb = (self.weights[-1], self.biases[-1])
 
     @property
     def n_layers(self) -> int:
@@ -90,13 +94,14 @@ class EnsembleMLP(nn.Module):
         `x` is (B, obs_dim) shared by all members, or (N, B, obs_dim) one batch per member.
         """
         h = x.unsqueeze(0).expand(self.spec.members, -1, -1) if x.dim() == 2 else x
-        for w, b in zip(list(self.weights)[:-1], list(self.biases)[:-1], strict=True):
+        for w, b in self._hidden_wb:
             h = torch.tanh(torch.baddbmm(b, h, w))
         return h
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Return pre-tanh outputs of the last layer, shape (N, B, act_dim)."""
-        return torch.baddbmm(self.biases[-1], h, self.weights[-1])
+        w, b = self._out_wb
+        return torch.baddbmm(b, h, w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Return every member's action in [-1, 1], shape (N, B, act_dim)."""
