@@ -81,6 +81,7 @@ class FitOptions:
     validation_runs: tuple[str, ...] | None = None  # None: the last third of the runs
     rollout_s: float = 2.0
     rollout_every_s: float = 2.0
+    spread: bool = True  # run-to-run spread (one extra Jacobian on the validation runs)
     physics_dt_s: float = 1e-3
     progress: bool = True
     weights: dict[str, float] = field(default_factory=lambda: {"q": 1.0, "qd": 1.0, "tau": 1.0})
@@ -470,6 +471,97 @@ def _savgol(x: np.ndarray, dt_s: float, deriv: int = 0) -> np.ndarray:
     return savgol_filter(x, win, 3, deriv=deriv, delta=dt_s, axis=0)
 
 
+def _target_at(run: RunData, t_s: np.ndarray, latency_s: float, dt_s: float) -> np.ndarray:
+    """Return the delayed command averaged over the physics step starting at each time."""
+    edges = run.cmd_t_s + latency_s
+    i0 = np.clip(np.searchsorted(edges, t_s, side="right") - 1, 0, edges.size - 1)
+    i1 = np.clip(np.searchsorted(edges, t_s + dt_s, side="right") - 1, 0, edges.size - 1)
+    # At most one edge falls inside a step (commands are >= one step apart).
+    frac = np.clip((t_s + dt_s - edges[i1]) / dt_s, 0.0, 1.0)[:, None]
+    same = (i0 == i1)[:, None]
+    return np.where(same, run.cmd[i1], (1.0 - frac) * run.cmd[i0] + frac * run.cmd[i1])
+
+
+@dataclass
+class ServoStart:
+    """Servo gain scales and latency that best explain the measured drive torques."""
+
+    kp_scale: np.ndarray
+    latency_s: float
+    rows: int
+
+
+def servo_start(
+    plant: ArmPlant,
+    runs: list[RunData],
+    base: PlantParams,
+    latency_s: float,
+    max_latency_s: float,
+    max_rows: int = 1500,
+) -> ServoStart | None:
+    """Fit the drive's position-gain scales and the latency to the measured efforts.
+
+    The plant's drive is a PD, tau = kp(q)·(u(t - L) - q) - kd(q)·q̇ (the cascade form is the
+    same below its velocity clamp), with gains it schedules from the arm's inertia. The gains
+    are read from the plant itself at every sampled pose, so this follows however the drive
+    schedules them; the scale of kp is then linear, and the latency is scanned (1 ms grid
+    around the cross-correlation estimate, then a bounded search). No simulation needed.
+    """
+    from scipy.optimize import minimize_scalar
+
+    if any(r.tau is None for r in runs):
+        return None
+    base = plant.resolved_params(base)
+    plant.set_params(base)
+    dt = plant.physics_dt_s
+    kp_base = np.asarray(base.kp_scale, dtype=float)
+    total = sum(r.t_s.size for r in runs)
+    stride = max(1, total // max_rows)
+    lim = 0.95 * plant.effort_limit_nm
+    rows = []
+    for r in runs:
+        assert r.tau is not None
+        k = np.arange(2, r.t_s.size, stride)
+        # the reported torque is the one of the step that ends at the stamp
+        q_prev = r.q[k] - dt * r.qd[k]
+        gains = []
+        for q in q_prev:
+            plant.reset(q)
+            gains.append(plant.servo_gains)
+        kp = np.array([g[0] for g in gains]) / np.maximum(kp_base, 1e-12)
+        kd = np.array([g[1] for g in gains])
+        slow = np.abs(r.qd[k]) < 0.9 * plant.arm.max_velocity_rad_s * 0.5
+        ok = (np.abs(r.tau[k]) < lim) & slow
+        rows.append((r, k, q_prev, kp, kd, ok))
+
+    def servo_fit(lat: float) -> tuple[float, np.ndarray]:
+        xs, ys, oks = [], [], []
+        for r, k, q_prev, kp, kd, ok in rows:
+            assert r.tau is not None
+            u = _target_at(r, r.t_s[k] - dt, lat, dt)
+            xs.append(kp * (u - q_prev))
+            ys.append(r.tau[k] + kd * r.qd[k])
+            oks.append(ok)
+        x, y, m = np.vstack(xs), np.vstack(ys), np.vstack(oks)
+        scale = np.array([float(x[m[:, j], j] @ y[m[:, j], j]) /
+                          max(float(x[m[:, j], j] @ x[m[:, j], j]), 1e-300)
+                          for j in range(x.shape[1])])
+        resid = np.where(m, y - scale * x, 0.0)
+        return float(np.sum(resid**2)), scale
+
+    grid = np.unique(np.clip(latency_s + np.arange(-0.015, 0.01501, 0.001), 0.0,
+                             max_latency_s))
+    coarse = [servo_fit(float(L))[0] for L in grid]
+    g = float(grid[int(np.argmin(coarse))])
+    fine = minimize_scalar(lambda L: servo_fit(float(L))[0],
+                           bounds=(max(g - 0.001, 0.0), min(g + 0.001, max_latency_s)),
+                           method="bounded", options={"xatol": 2e-5})
+    best = float(fine.x)
+    _, scale = servo_fit(best)
+    lo, hi = PARAM_GROUPS["kp_scale"][:2]
+    return ServoStart(np.clip(scale, lo, hi), best, int(sum(r[1].size for r in rows)))
+
+
 def regression_start(
     plant: ArmPlant,
     runs: list[RunData],
@@ -737,6 +829,16 @@ def _fit(
     if warm.values:
         say(f"warm start from {warm.rows} effort samples: " + ", ".join(
             f"{k}={v:.3g}" for k, v in warm.values.items()))
+    if "kp_scale" in opts.groups or LATENCY in opts.groups:
+        servo = servo_start(plant, train, base, latency0, opts.max_latency_s)
+        if servo is not None:
+            if LATENCY in opts.groups:
+                latency0 = servo.latency_s
+            if "kp_scale" in opts.groups:
+                warm.values.update({f"kp_scale[{j}]": float(v)
+                                    for j, v in enumerate(servo.kp_scale)})
+            say(f"drive torques: latency {servo.latency_s * 1e3:.2f} ms, kp scale "
+                f"{np.round(servo.kp_scale, 3).tolist()}")
     x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
     typ = np.array([d.typical for d in defs])
     lo = np.array([d.lower for d in defs])
@@ -829,7 +931,7 @@ def _fit(
     for local, run in enumerate(train):
         rows = rows_run == local
         per_run[run.name] = _gn_step(jf[rows], f_hat[rows], res.x, typ, free, defs)
-    if val:
+    if val and opts.spread:
         vwin = make_windows(val, opts.window_s, opts.window_every_s, dt, opts.max_latency_s,
                             stride=opts.compare_stride)
         if vwin:

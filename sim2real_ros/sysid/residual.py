@@ -124,7 +124,7 @@ class ResidualModel:
             loss = torch.mean((self.net(x_t) - y_t) ** 2)
             loss.backward()
             opt.step()
-            history.append(float(loss))
+            history.append(float(loss.detach()))
         return history
 
     def save(self, path: str | Path) -> Path:
