@@ -135,6 +135,9 @@ PARAMS = [
               low=0.01, high=1.0, read_only=RO),
     ParamSpec("wrench_timeout_s", 0.1, "F/T wrench stale after (s).", low=0.001, high=10.0,
               read_only=RO),
+    ParamSpec("handover_grace_s", 1.0,
+              "After the policy regains authority, the monitor ignores the projector's "
+              "catch-up corrections for this long (s).", low=0.0, high=60.0, read_only=RO),
     ParamSpec("monitor_window_s", 2.0, "Sliding window of the rollback monitor (s).", low=0.05,
               high=3600.0, read_only=RO),
     ParamSpec("monitor_min_fill", 0.9, "Fraction of the window filled before judging.",
@@ -211,7 +214,8 @@ class SafetyFilter(Node):
             invalid_estop_count=p["invalid_estop_count"], invalid_window_s=p["invalid_window_s"],
             hard_limit_tolerance_rad=p["hard_limit_tolerance_rad"],
             force_warning_fraction=p["force_warning_fraction"],
-            wrench_timeout_s=p["wrench_timeout_s"], monitor=monitor)
+            wrench_timeout_s=p["wrench_timeout_s"], handover_grace_s=p["handover_grace_s"],
+            monitor=monitor)
         why = cfg.check()
         if why:
             raise ConfigError(f"ROS parameters of /{self.get_name()}", "<thresholds>", None, why)

@@ -63,6 +63,10 @@ class SupervisorConfig:
     hard_limit_tolerance_rad: float = 0.0
     force_warning_fraction: float = 0.5
     wrench_timeout_s: float = 0.1
+    # After the policy regains authority the command converges from where the baseline or the
+    # hold left it to the policy's target; those corrections are the handover, not the policy
+    # asking for too much, so the monitor does not count them for this long.
+    handover_grace_s: float = 1.0
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def check(self) -> str | None:
@@ -78,6 +82,7 @@ class SupervisorConfig:
             if not (math.isfinite(v) and v > 0.0):
                 return f"{name} must be a finite number > 0, got {v}"
         for name in ("future_tolerance_s", "calm_period_s", "hard_limit_tolerance_rad",
+                     "handover_grace_s",
                      "disagreement_exit_rad", "ood_exit"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0.0):
@@ -174,6 +179,7 @@ class Supervisor:
         # The monitor judges a policy only after it has driven once in the current stage, so a
         # policy that is still starting up is not "falling back" (and not rolled back).
         self._monitor_armed = False
+        self._handover_until = -math.inf
         self.ticks = 0
         self.interventions = 0
         self.hard_violations = 0
@@ -379,19 +385,16 @@ class Supervisor:
         ref = self.joint_watch.last_stamp_s
         st = self.policy_watch.status(now_s, ref)
         if st != FRESH:
-            since = self.policy_watch.stale_since()
-            delay = max(0.0, now_s - since) if (since is not None and st != "stale_stamp") else 0.0
-            return f"policy_{st}", f"policy command {st}", delay
+            return f"policy_{st}", f"policy command {st}", self._stale_delay(
+                self.policy_watch, st, now_s, ref)
         if self.policy_invalid:
             return ("invalid_command", "the last policy command was invalid",
                     max(0.0, now_s - self._invalid_times[-1]) if self._invalid_times else 0.0)
         if cfg.require_confidence:
             cst = self.confidence_watch.status(now_s, ref)
             if cst != FRESH:
-                since = self.confidence_watch.stale_since()
-                delay = max(0.0, now_s - since) if (since is not None and cst != "stale_stamp"
-                                                    ) else 0.0
-                return f"confidence_{cst}", f"policy confidence {cst}", delay
+                return f"confidence_{cst}", f"policy confidence {cst}", self._stale_delay(
+                    self.confidence_watch, cst, now_s, ref)
             # Hysteresis: leaving needs the enter threshold, returning the lower exit one.
             d_lim = cfg.disagreement_enter_rad if self.authority else cfg.disagreement_exit_rad
             o_lim = cfg.ood_enter if self.authority else cfg.ood_exit
@@ -405,6 +408,17 @@ class Supervisor:
             if not self.ood <= o_lim:
                 return "ood", f"OOD score {self.ood:.3f} > {o_lim}", delay
         return "", "", 0.0
+
+    @staticmethod
+    def _stale_delay(watch: StreamWatch, status: str, now_s: float, ref: float | None) -> float:
+        """Seconds since the stream became stale (by arrival, or by stamp on the stamp clock)."""
+        if status == "stale_arrival":
+            since = watch.stale_since()
+            return max(0.0, now_s - since) if since is not None else 0.0
+        if status == "stale_stamp" and watch.last_stamp_s is not None:
+            r = now_s if ref is None else ref
+            return max(0.0, r - watch.last_stamp_s - watch.max_age_s)
+        return 0.0
 
     def _lose_authority(self, now_s: float, code: str, detail: str, delay_s: float) -> None:
         self._calm_since = None
@@ -452,6 +466,7 @@ class Supervisor:
             if now_s - self._calm_since >= cfg.calm_period_s - 1e-9:
                 self.authority = True
                 self._monitor_armed = True
+                self._handover_until = now_s + cfg.handover_grace_s
                 self.fallback_reason = ""
                 self._pending.append(SafetyEvent(ev.RETURN, "calm_period", "", 0.0,
                                                  f"policy calm for {cfg.calm_period_s} s", now_s))
@@ -518,7 +533,8 @@ class Supervisor:
             if self.q is not None and res.command and mode == POSITION:
                 err = max(abs(c - m) for c, m in zip(res.command, self.q))
             counted = (intervened and source == SOURCE_POLICY
-                       and res.deviation > cfg.monitor.min_intervention_rad)
+                       and res.deviation > cfg.monitor.min_intervention_rad
+                       and now_s >= self._handover_until)
             verdict = self.monitor.update(now_s, counted, source != SOURCE_POLICY, err,
                                           self.force_above_warning)
             if verdict is not None:
