@@ -43,10 +43,18 @@ class StageOwner:
         self.node.add_on_set_parameters_callback(guard)
         self.rec_pub = self.node.create_publisher(
             String, "/shadow_comparator/recommendation", LATCHED_QOS)
+        # The active policy version is the one the evidence bags were recorded with (4).
+        self.version_pub = self.node.create_publisher(
+            String, "/policy_node/active_version", LATCHED_QOS)
+        self.set_version(4)
         self.executor = SingleThreadedExecutor(context=ctx)
         self.executor.add_node(self.node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
         self.thread.start()
+
+    def set_version(self, version: int) -> None:
+        self.version_pub.publish(String(data=json.dumps(
+            {"version": version, "sha256": "x", "known_good": version, "reason": "test"})))
 
     @property
     def stage(self) -> str:
@@ -237,14 +245,10 @@ def test_evidence_from_another_policy_version_is_refused(
     owner: StageOwner, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = _evidence(tmp_path)  # the bag's confidence messages say version 4
-    version_pub = owner.node.create_publisher(String, "/policy_node/active_version",
-                                              LATCHED_QOS)
-    version_pub.publish(String(data=json.dumps({"version": 5, "sha256": "x", "known_good": 4,
-                                                "reason": "test"})))
+    owner.set_version(5)
     assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 1
     assert owner.stage == "shadow"
     assert "policy version(s) [4], the active version is 5" in capsys.readouterr().err
-    version_pub.publish(String(data=json.dumps({"version": 4, "sha256": "x", "known_good": 4,
-                                                "reason": "test"})))
+    owner.set_version(4)
     assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 0
     assert owner.stage == "advisory"

@@ -215,6 +215,7 @@ def test_stage_drop_with_version_change_is_logged_as_rollback_with_evidence(
     assert t["evidence"]["active_version"]["version"] == 1
     assert t["evidence"]["version_at_stage_start"] == 2
     assert t["evidence"]["safety_events"] == [{"kind": "drift", "joint": "elbow_joint"}]
+    assert t["evidence"]["key_safety_events"] == []  # "drift" is not a stage-relevant kind
     # The rollback reset the evidence first; what the old version did is kept with it.
     assert t["evidence"]["metrics_before_version_change"]["steps"] == 20
     records = RolloutLog(tmp_path / "rollout.jsonl").read()

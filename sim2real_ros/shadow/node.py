@@ -39,6 +39,8 @@ NODE_NAME = "shadow_comparator"
 REPORT_TOPIC = "shadow_comparator/report"
 RECOMMENDATION_TOPIC = "shadow_comparator/recommendation"
 TRANSITIONS_TOPIC = "shadow_comparator/transitions"
+# safety_filter/events kinds that explain a stage change (see sim2real_ros.safety.events).
+KEY_EVENT_KINDS = ("monitor", "rollback", "stage", "estop", "estop_reset", "fallback", "hold")
 
 PARAMS = [
     ParamSpec("urdf_path", "", "URDF of the arm (joint names and order); '' = shipped arm"),
@@ -94,6 +96,9 @@ class ShadowComparator(Node):
         self._before_version_change: dict[str, Any] | None = None
         self._pending: tuple[str, float, dict[str, Any]] | None = None  # stage, wall t, evidence
         self.safety_events: deque[dict[str, Any]] = deque(maxlen=20)
+        # Stage-relevant events kept apart: a burst of throttled interventions must not push
+        # the monitor's verdict out of a demotion's evidence.
+        self.key_events: deque[dict[str, Any]] = deque(maxlen=20)
         self.malformed = 0
         self._last_cmd_wall: dict[str, float | None] = {"policy": None, "baseline": None}
         self.last_report: dict[str, Any] | None = None
@@ -161,7 +166,10 @@ class ShadowComparator(Node):
         except json.JSONDecodeError:
             self._malformed(f"safety_filter/events: not JSON: {msg.data[:80]!r}")
             return
-        self.safety_events.append(event if isinstance(event, dict) else {"event": event})
+        record = event if isinstance(event, dict) else {"event": event}
+        self.safety_events.append(record)
+        if record.get("kind") in KEY_EVENT_KINDS:
+            self.key_events.append(record)
 
     def _on_version(self, msg: String) -> None:
         try:
@@ -220,7 +228,6 @@ class ShadowComparator(Node):
             evidence = {
                 "status": status,
                 "metrics": self.acc.metrics().gate_metrics(),
-                "safety_events": list(self.safety_events),
             }
             if self._before_version_change is not None:
                 evidence["metrics_before_version_change"] = self._before_version_change
@@ -253,7 +260,11 @@ class ShadowComparator(Node):
         if not (waited or (lower and rolled_back) or (not lower and recorded)):
             return
         self._pending = None
-        evidence = {**evidence, "active_version": self.active_version,
+        # Events are taken now, not when the status arrived: topics are not ordered, and the
+        # monitor's own event may trail the status that reports its stage drop.
+        evidence = {**evidence, "safety_events": list(self.safety_events),
+                    "key_safety_events": list(self.key_events),
+                    "active_version": self.active_version,
                     "version_at_stage_start": self._version_at_stage}
         t = self.machine.observe(stage, evidence, rolled_back=rolled_back,
                                  promotion_record=last if recorded else None)
