@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -252,3 +253,37 @@ def test_evidence_from_another_policy_version_is_refused(
     owner.set_version(4)
     assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 0
     assert owner.stage == "advisory"
+
+
+def test_promote_sets_the_real_safety_filters_stage(ros_context: Any, tmp_path: Path) -> None:
+    from sim2real_ros.safety.node import SafetyFilter
+
+    report = _evidence(tmp_path)
+    sf = SafetyFilter(context=ros_context)
+    statuses: list[dict[str, Any]] = []
+    sf.create_subscription(String, "safety_filter/status",
+                           lambda m: statuses.append(json.loads(m.data)), LATCHED_QOS)
+    version_pub = sf.create_publisher(String, "/policy_node/active_version", LATCHED_QOS)
+    version_pub.publish(String(data=json.dumps({"version": 4, "sha256": "x", "known_good": 4,
+                                                "reason": "test"})))
+    ex = SingleThreadedExecutor(context=ros_context)
+    ex.add_node(sf)
+    thread = threading.Thread(target=ex.spin, daemon=True)
+    thread.start()
+    try:
+        assert _promote(tmp_path, "advisory", "--evidence", str(report)) == 0
+        assert sf.get_parameter("rollout_stage").value == "advisory"
+        assert sf.sup.stage == "advisory"
+        def published() -> bool:
+            return bool(statuses) and statuses[-1]["rollout_stage"] == "advisory"
+
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not published():
+            time.sleep(0.02)
+        assert published(), statuses
+    finally:
+        ex.shutdown(timeout_sec=2.0)
+        thread.join(5.0)
+        sf.destroy_node()
+    [t] = RolloutLog(tmp_path / "rollout.jsonl").read()
+    assert (t.from_stage, t.to_stage, t.who) == ("shadow", "advisory", "alice")
