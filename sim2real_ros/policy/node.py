@@ -31,6 +31,7 @@ from sim2real_ros.ros.convert import (
     MessageError,
     arrays_to_joint_state,
     joint_state_to_arrays,
+    stamp_to_s,
     wrench_to_array,
 )
 from sim2real_ros.ros.diagnostics import ERROR, OK, WARN, DiagnosticsPublisher, make_status
@@ -49,8 +50,13 @@ PARAMS = [
               read_only=True),
     ParamSpec("rate_hz", 100.0, "Control rate, Hz; should equal the rate the policy was "
               "trained at (diagnostics warn otherwise).", low=1.0, high=1000.0, read_only=True),
-    ParamSpec("stale_timeout_s", 0.05, "An observation older than this (since it was "
-              "received, s) is stale: nothing is published.", low=0.001, high=10.0),
+    ParamSpec("stale_timeout_s", 0.05, "An observation older than this is stale: nothing is "
+              "published, s.", low=0.001, high=10.0),
+    ParamSpec("stale_clock", "stamp", "How an observation's age is measured: 'stamp' = node "
+              "clock minus header.stamp (true latency; needs the driver to stamp with the same "
+              "clock, else every observation is stale and the node stays silent) and at least "
+              "the time since receipt; 'receipt' = time since it was received only.",
+              choices=("stamp", "receipt")),
     ParamSpec("diagnostics_period_s", 1.0, "Period of /diagnostics reports, s.",
               low=0.05, high=60.0, read_only=True),
 ]
@@ -73,15 +79,20 @@ class PolicyNode(Node):
         self.runner: PolicyRunner | None = None
         self.record: VersionRecord | None = None
         self.reason = ""
-        policy, rec = self.registry.load(int(self.p["policy_version"]))
         requested = int(self.p["policy_version"])
-        self._activate(policy, rec, f"startup: policy_version={requested}"
-                       + (" (known-good)" if requested == 0 else ""))
+        policy, rec = self.registry.load(requested)
+        try:
+            self._activate(policy, rec, f"startup: policy_version={requested}"
+                           + (" (known-good)" if requested == 0 else ""))
+        except ValueError as exc:  # a policy for another arm: refuse like any bad config
+            raise ConfigError(self.registry.root / rec.file, "joint_names", policy.joint_names,
+                              f"the joints of {self.arm.urdf_path} ({exc})") from exc
 
         self._q: np.ndarray | None = None
         self._qd: np.ndarray | None = None
         self._wrench: np.ndarray | None = None
         self._obs_stamp = None
+        self._obs_stamp_s = -math.inf
         self._obs_recv_s = -math.inf
         self._obs_seq = 0
         self._answered_seq = 0
@@ -114,6 +125,8 @@ class PolicyNode(Node):
 
     def _activate(self, policy: Any, rec: VersionRecord, reason: str) -> None:
         runner = PolicyRunner(policy, self.arm)
+        # One evaluation now so the first control tick does not pay torch's lazy set-up.
+        policy.evaluate(policy.stats.mean)
         self.runner = runner
         self.record = rec
         self.reason = reason
@@ -136,9 +149,9 @@ class PolicyNode(Node):
             v = int(changes["policy_version"])
             try:
                 policy, rec = self.registry.load(v)
+                self._activate(policy, rec, f"parameter policy_version set to {v}")
             except (ConfigError, ValueError) as exc:
                 return f"policy_version = {v} refused: {exc}"
-            self._activate(policy, rec, f"parameter policy_version set to {v}")
             self._publish_version()
         self.p.update(changes)
         return None
@@ -149,7 +162,8 @@ class PolicyNode(Node):
         current = self.record.version
         try:
             policy, rec = self.registry.load(0)
-        except ConfigError as exc:
+            PolicyRunner(policy, self.arm)  # refuse a known-good for another arm up front
+        except (ConfigError, ValueError) as exc:
             response.success = False
             response.message = f"rollback refused, staying on version {current}: {exc}"
             self.registry.log_event("node_rollback_refused", node=self.get_fully_qualified_name(),
@@ -189,6 +203,7 @@ class PolicyNode(Node):
             return
         self._q, self._qd = arrays.position, arrays.velocity
         self._obs_stamp = msg.header.stamp
+        self._obs_stamp_s = stamp_to_s(msg.header.stamp)
         self._obs_recv_s = self._now_s()
         self._obs_seq += 1
 
@@ -204,6 +219,14 @@ class PolicyNode(Node):
         self._wrench = wrench_to_array(msg)
 
     # --- control -----------------------------------------------------------------------------
+
+    def _observation_age_s(self) -> float:
+        """Age of the latest joint state by the configured clock, s (inf if none yet)."""
+        now = self._now_s()
+        age = now - self._obs_recv_s
+        if self.p["stale_clock"] == "stamp":
+            age = max(age, now - self._obs_stamp_s)
+        return age
 
     def _set_state(self, state: str) -> None:
         if state != self._state:
@@ -221,7 +244,7 @@ class PolicyNode(Node):
         if self._target is None:
             self._set_state(STATE_NO_TARGET)
             return
-        age = self._now_s() - self._obs_recv_s
+        age = self._observation_age_s()
         if age > float(self.p["stale_timeout_s"]):
             self._stale_ticks += 1
             # Restart the integrating action from the measured position when data return.
@@ -262,12 +285,13 @@ class PolicyNode(Node):
 
     def _publish_diagnostics(self) -> None:
         assert self.runner is not None and self.record is not None
-        age = self._now_s() - self._obs_recv_s
+        age = self._observation_age_s()
         level, message = OK, "running"
         if self._state == STATE_STALE:
             level = WARN
-            message = (f"stale observation: last joint_states {age:.3f} s ago > "
-                       f"stale_timeout_s {float(self.p['stale_timeout_s']):g}; publishing nothing")
+            message = (f"stale observation: latest joint_states is {age:.3f} s old "
+                       f"({self.p['stale_clock']}) > stale_timeout_s "
+                       f"{float(self.p['stale_timeout_s']):g}; publishing nothing")
         elif self._state == STATE_NO_STATE:
             level, message = WARN, "waiting for joint_states; publishing nothing"
         elif self._state == STATE_NO_TARGET:
@@ -288,6 +312,7 @@ class PolicyNode(Node):
             "reason": self.reason,
             "observation_age_s": age if math.isfinite(age) else "never",
             "stale_timeout_s": float(self.p["stale_timeout_s"]),
+            "stale_clock": self.p["stale_clock"],
             "commands_published": self._published,
             "stale_ticks": self._stale_ticks,
             "bad_messages": self._bad_messages,
