@@ -181,8 +181,10 @@ def test_stale_observations_silence_the_node_and_diagnostics_say_so(ros_context,
     node.destroy_node()
 
 
-def test_old_stamps_are_stale_even_when_they_keep_arriving(ros_context, registry) -> None:
-    node, probe, ex = _setup(ros_context, registry, stale_timeout_s=0.05)
+def test_old_stamps_are_stale_under_stamp_timing_even_when_they_keep_arriving(
+    ros_context, registry
+) -> None:
+    node, probe, ex = _setup(ros_context, registry, stale_timeout_s=0.05, stale_clock="stamp")
     target = ARM.tool_position(HOME) + np.array([0.1, 0.0, 0.0])
     def stale() -> list:
         return [s for s in probe.policy_status() if status_values(s)["state"] == "stale"]
@@ -193,9 +195,8 @@ def test_old_stamps_are_stale_even_when_they_keep_arriving(ros_context, registry
     assert probe.commands == []
     assert "0.2" in stale()[-1].message and "(stamp)" in stale()[-1].message
     node.destroy_node()
-    # the same stream under receipt timing is fresh: it arrives continuously
-    node, probe, ex = _setup(ros_context, registry, stale_timeout_s=0.05,
-                             stale_clock="receipt")
+    # the same stream under receipt timing (the default) is fresh: it arrives continuously
+    node, probe, ex = _setup(ros_context, registry, stale_timeout_s=0.05)
     assert _drive(probe, ex, 20.0, target, age_s=0.2, until=lambda: len(probe.commands) > 0)
     node.destroy_node()
 

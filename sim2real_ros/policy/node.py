@@ -52,10 +52,11 @@ PARAMS = [
               "trained at (diagnostics warn otherwise).", low=1.0, high=1000.0, read_only=True),
     ParamSpec("stale_timeout_s", 0.05, "An observation older than this is stale: nothing is "
               "published, s.", low=0.001, high=10.0),
-    ParamSpec("stale_clock", "stamp", "How an observation's age is measured: 'stamp' = node "
-              "clock minus header.stamp (true latency; needs the driver to stamp with the same "
-              "clock, else every observation is stale and the node stays silent) and at least "
-              "the time since receipt; 'receipt' = time since it was received only.",
+    ParamSpec("stale_clock", "receipt", "How an observation's age is measured: 'receipt' = "
+              "time since it was received (the stream stopped); 'stamp' = node clock minus "
+              "header.stamp, and at least the time since receipt (true latency; needs the "
+              "driver to stamp with the node's clock, else the node stays silent). Commands "
+              "carry the observation's stamp, so the safety filter can judge latency either way.",
               choices=("stamp", "receipt")),
     ParamSpec("diagnostics_period_s", 1.0, "Period of /diagnostics reports, s.",
               low=0.05, high=60.0, read_only=True),
