@@ -45,6 +45,8 @@ class GraphCounters:
     # "kind/limit/detail" -> count: which limit or check fired (what an operator reads first)
     event_details: dict[str, int] = field(default_factory=dict)
     source_changes: dict[str, int] = field(default_factory=dict)  # changes to each source
+    # seconds of the scored episodes each source (policy | baseline | hold) drove the arm
+    source_time_s: dict[str, float] = field(default_factory=dict)
     estops: int = 0  # times the status reported a newly latched e-stop
     stage_changes: list[str] = field(default_factory=list)  # e.g. "full->limited" (monitor)
     policy_commands: int = 0
@@ -137,6 +139,8 @@ def _make_driver_class() -> type:
             self._source: str | None = None
             self._estop = False
             self.stage = ""
+            self.scoring = False
+            self._source_since = time.monotonic()
             # Transient local: a late-joining policy node still gets the current target.
             self._target_pub = self.create_publisher(PointStamped, TARGET_TOPIC, LATCHED_QOS)
             self.create_subscription(JointState, JOINT_STATES, self._on_state, STATE_QOS)
@@ -185,6 +189,14 @@ def _make_driver_class() -> type:
             c.event_kinds[kind] = c.event_kinds.get(kind, 0) + 1
             c.event_details[detail] = c.event_details.get(detail, 0) + 1
 
+        def account_source_time(self) -> None:
+            """Add the time since the last change to the source that was driving."""
+            now = time.monotonic()
+            if self._source is not None and self.scoring:
+                t = self.counters.source_time_s
+                t[self._source] = t.get(self._source, 0.0) + now - self._source_since
+            self._source_since = now
+
         def _on_diagnostics(self, msg: Any) -> None:
             c = self.counters
             for st in msg.status:
@@ -210,6 +222,7 @@ def _make_driver_class() -> type:
                 return
             c = self.counters
             if source and source != self._source:
+                self.account_source_time()
                 c.source_changes[source] = c.source_changes.get(source, 0) + 1
                 if self._source is not None and source != "policy":
                     c.fallbacks += 1
@@ -295,6 +308,8 @@ def evaluate_on_graph(
         spin_for(task.episode_s)
         warmup_s = time.monotonic() - t_start
         driver.counters = GraphCounters(hardware_id=driver.counters.hardware_id)
+        driver.account_source_time()
+        driver.scoring = True
         scorer = EpisodeScorer(arm, task)
         results: list[EpisodeResult] = []
         for k, target in enumerate(targets):
@@ -325,6 +340,7 @@ def evaluate_on_graph(
             results.append(scorer.finish())
             if progress is not None:
                 progress(k, results[-1])
+        driver.account_source_time()
         return ProxyEvaluation(results, driver.counters, time.monotonic() - t_start, warmup_s)
     finally:
         ex.remove_node(driver)

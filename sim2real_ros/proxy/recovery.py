@@ -30,7 +30,8 @@ def truth_values(unit: ProxyUnit) -> dict[str, Any]:
         "joint_damping_nms": unit.joint_damping_nms,
         "joint_friction_nm": unit.joint_friction_nm,
         "armature_kgm2": unit.armature_kgm2,
-        # The bus delays a command by latency + U(0, jitter): its mean is what a fit sees.
+        # The bus delays a command by latency + U(0, jitter): its mean is the unit's part of
+        # what a fit sees (the fit's figure also holds the DDS hop and the drive's cycle).
         "action_latency_s": unit.action_latency_s + 0.5 * unit.action_jitter_s,
         "torque_limit_scale": unit.torque_limit_nm / load_arm(default_urdf()).max_effort_nm,
         "encoder_bias_rad": unit.encoder_bias_rad,
@@ -87,9 +88,18 @@ def parameter_recovery(run: RunFolder, cfg: Any) -> dict[str, Any]:
                 continue
         names = arm.joint_names if t.size == arm.n_joints else [""] * t.size
         for j, (f, tv) in enumerate(zip(fitted, t, strict=True)):
+            joint = names[j] if t.size > 1 else ""
+            why = refused.get(f"{key}[{j}]") or refused.get(key)
+            if why is not None:
+                # The fit kept its prior for this one: nothing was recovered to compare.
+                rows.append({"parameter": key, "joint": joint, "fitted": None,
+                             "true": float(tv), "rel_error": None, "within_10pct": None,
+                             "note": f"refused by the fit ({why.split(':')[0]}); kept at "
+                                     f"{float(f):.4g}"})
+                continue
             rel = (f - tv) / abs(tv) if abs(tv) > 1e-12 else (0.0 if abs(f) < 1e-12
                                                              else math.inf)
-            rows.append({"parameter": key, "joint": names[j] if t.size > 1 else "",
+            rows.append({"parameter": key, "joint": joint,
                          "fitted": float(f), "true": float(tv),
                          "rel_error": None if math.isinf(rel) else float(rel),
                          "within_10pct": bool(abs(rel) <= TOLERANCE),

@@ -45,6 +45,7 @@ class Row:
     final_error_mm: float | None
     interventions: int | None
     fallbacks: int | None
+    policy_drove: float | None  # share of the scored time the policy was the acting source
     audit: dict[str, str] | None
     sim_episodes: int | None
     proxy_episodes: int | None
@@ -102,6 +103,7 @@ def collect_rows(run: RunFolder) -> list[Row]:
             final_error_mm=None if final is None else 1e3 * final,
             interventions=counters.get("interventions") if px else None,
             fallbacks=counters.get("fallbacks") if px else None,
+            policy_drove=_share(counters.get("source_time_s")) if px else None,
             audit=colours if isinstance(colours, dict) else None,
             sim_episodes=(sim or {}).get("summary", {}).get("n_episodes"),
             proxy_episodes=ps.get("n_episodes"),
@@ -110,15 +112,23 @@ def collect_rows(run: RunFolder) -> list[Row]:
     return rows
 
 
+def _share(times: dict[str, float] | None) -> float | None:
+    """Fraction of the time the policy drove (None when no status was seen)."""
+    if not times:
+        return None
+    total = sum(times.values())
+    return times.get("policy", 0.0) / total if total > 0 else None
+
+
 def _fmt(v: float | int | None, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
 def markdown_table(rows: list[Row]) -> str:
     """Render the rows as a markdown table."""
-    head = ("| step | sim success | proxy success | proxy/sim | tracking RMS (mrad) | "
-            "final error (mm) | safety interventions | fallbacks | audit |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| step | sim success | proxy success | proxy/sim | policy drove | "
+            "tracking RMS (mrad) | final error (mm) | safety interventions | fallbacks | "
+            "audit |\n|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         ratio = (r.proxy_success / r.sim_success
@@ -128,7 +138,8 @@ def markdown_table(rows: list[Row]) -> str:
         lines.append(
             f"| {r.label} | {_fmt(r.sim_success, '.0%')} (n={r.sim_episodes or '—'}) | "
             f"{_fmt(r.proxy_success, '.0%')} (n={r.proxy_episodes or '—'}) | "
-            f"{_fmt(ratio, '.2f')} | {_fmt(r.tracking_rms_mrad, '.1f')} | "
+            f"{_fmt(ratio, '.2f')} | {_fmt(r.policy_drove, '.0%')} | "
+            f"{_fmt(r.tracking_rms_mrad, '.1f')} | "
             f"{_fmt(r.final_error_mm, '.1f')} | {_fmt(r.interventions, 'd')} | "
             f"{_fmt(r.fallbacks, 'd')} | {audit} |")
     notes = [f"- {r.label}: {r.note}" for r in rows if r.note]
