@@ -139,7 +139,14 @@ def test_invalid_rollout_config_is_refused_naming_file_key_and_range(
     assert str(path) in msg and key in msg and allowed in msg
 
 
-def test_minimal_valid_config_uses_default_metric_settings(tmp_path: Path) -> None:
+def test_minimal_valid_config_uses_default_metric_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = load_rollout_config(_write(tmp_path, _valid()))
     assert cfg.metrics.agreement_tolerance_rad == 0.05
-    assert cfg.log_path(tmp_path) == tmp_path / "rollout_log.jsonl"
+    monkeypatch.setenv("SIM2REAL_ROLLOUT_LOG", str(tmp_path / "cell.jsonl"))
+    assert cfg.log_path() == tmp_path / "cell.jsonl"  # same file from any working directory
+    monkeypatch.delenv("SIM2REAL_ROLLOUT_LOG")
+    assert cfg.log_path() == Path.home() / ".local/share/sim2real_ros/rollout_log.jsonl"
+    relative = load_rollout_config(_write(tmp_path, {**_valid(), "log_file": "r.jsonl"}))
+    assert relative.log_path(tmp_path) == tmp_path / "r.jsonl"

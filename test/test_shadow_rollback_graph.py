@@ -131,8 +131,10 @@ def wait_for(predicate: Any, timeout_s: float, what: str, procs: Any = None,
         logs = "\n".join(f"--- {p.args[2]}\n{procs.log(p)[-3000:]}" for p in procs.procs)
     if cell is not None:
         m = cell.report.get("metrics", {})
+        keys = ("steps", "policy_commands", "baseline_commands", "unmatched_policy",
+                "agreement_rate")
         logs += (f"\n--- cell: status {cell.status}, version {cell.version}, comparator "
-                 f"{ {k: m.get(k) for k in ('steps', 'policy_commands', 'baseline_commands', 'unmatched_policy', 'agreement_rate')} }")
+                 f"{ {k: m.get(k) for k in keys} }")
     pytest.fail(f"{why}\n{logs}")
 
 

@@ -74,7 +74,9 @@ def register(subparsers: Any) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="", help="rollout.yaml (default: shipped)")
-    p.add_argument("--log", default="", help="rollout log (default: rollout.yaml log_file)")
+    p.add_argument("--log", default="",
+                   help="rollout log (default: rollout.yaml log_file, as shipped "
+                        "$SIM2REAL_ROLLOUT_LOG or ~/.local/share/sim2real_ros/rollout_log.jsonl)")
     p.add_argument("--safety-node", default="/safety_filter",
                    help="node that owns the rollout_stage parameter")
     p.add_argument("--recommendation-topic", default=RECOMMENDATION_TOPIC,

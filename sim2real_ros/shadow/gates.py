@@ -9,6 +9,7 @@ messages, no training statistics) fails its criterion: the gates fail closed.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -101,9 +102,26 @@ class RolloutConfig:
         return self.gates[to_stage]
 
     def log_path(self, base: Path | None = None) -> Path:
-        """Return the rollout log's path (relative paths resolve against `base` or the cwd)."""
+        """Return the rollout log's path ('' = default_log_path(); relative: against `base`)."""
+        if not self.log_file:
+            return default_log_path()
         p = Path(self.log_file).expanduser()
         return p if p.is_absolute() else (base or Path.cwd()) / p
+
+
+LOG_ENV_VAR = "SIM2REAL_ROLLOUT_LOG"
+
+
+def default_log_path() -> Path:
+    """Return `$SIM2REAL_ROLLOUT_LOG`, else ~/.local/share/sim2real_ros/rollout_log.jsonl.
+
+    One fixed place per user (like the policy registry): the comparator and the operator's
+    `sim2real rollout promote` must write the same log whatever directory each started in.
+    """
+    env = os.environ.get(LOG_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "share" / "sim2real_ros" / "rollout_log.jsonl"
 
 
 @dataclass(frozen=True)
@@ -302,9 +320,9 @@ def load_rollout_config(path: str | Path | None = None) -> RolloutConfig:
     if extra:
         key = sorted(extra)[0]
         raise ConfigError(p, f"gates.{key}", gates_data[key], f"one of {list(STAGES[1:])}")
-    log_file = data.get("log_file", "rollout_log.jsonl")
-    if not isinstance(log_file, str) or not log_file:
-        raise ConfigError(p, "log_file", log_file, "a non-empty path")
+    log_file = data.get("log_file", "")
+    if not isinstance(log_file, str):
+        raise ConfigError(p, "log_file", log_file, "a path, or '' for the default")
     return RolloutConfig(p, metrics, gates, log_file)
 
 
