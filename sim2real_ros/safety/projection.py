@@ -41,8 +41,8 @@ _SHRINK = 1e-6
 _TOL_ABS = 1e-9
 # Differences this small (relative) are float rounding of the state update, not an intervention.
 _SNAP = 1e-13
-_BISECT_STEPS = 14
-_CARTESIAN_STEPS = 4
+_BISECT_STEPS = 10
+_CARTESIAN_STEPS = 3
 # Gains of the recovery cascade, per control period (stable for any dt), and the share of the
 # next derivative's limit its square-root laws may plan with (the rest absorbs the lag).
 _POS_GAIN = 0.08
@@ -53,7 +53,7 @@ DT_MIN_FRACTION = 0.5
 DT_MAX_FRACTION = 2.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Projection:
     """One projected command and what the projector did to it."""
 
@@ -116,7 +116,7 @@ class _Joint:
     """Per-joint limits as plain floats (the hot path reads attributes, not arrays)."""
 
     __slots__ = ("name", "lo", "hi", "env_lo", "env_hi", "vmax", "amax", "jmax", "effort",
-                 "reserve", "fast_lo", "fast_hi", "vel_fast", "inv_j", "inv_2j", "inv_3j2",
+                 "reserve", "inv_j", "inv_2j", "inv_3j2",
                  "inv_2a", "a_over_2j")
 
     def __init__(self, name: str, lo: float, hi: float, vmax: float, amax: float, jmax: float,
@@ -133,17 +133,28 @@ class _Joint:
         half = 0.5 * (hi - lo)
         self.reserve = min(self.reserve, 0.25 * half)
         self.lo, self.hi = lo + self.reserve, hi - self.reserve
-        # A state farther than the longest possible brake from both limits is viable for
-        # position without evaluating the brake (the common case, the fast path).
-        dmax = excursion_up(self.vmax, self.amax, self.amax, self.jmax)
-        self.fast_lo, self.fast_hi = self.lo + dmax, self.hi - dmax
-        self.vel_fast = self.vmax - self.amax * self.amax / (2.0 * self.jmax)
-        # Constants of the closed-form excursion bound used by the Cartesian fast path.
+        # Constants of the closed-form brake bounds of the fast paths.
         self.inv_j = 1.0 / self.jmax
         self.inv_2j = 0.5 / self.jmax
         self.inv_3j2 = 1.0 / (3.0 * self.jmax * self.jmax)
         self.inv_2a = 0.5 / self.amax
         self.a_over_2j = 0.5 * self.amax / self.jmax
+
+
+def _clearly_viable(jt: _Joint, x: float, v: float, a: float) -> bool:
+    """Cheap sufficient test of viability with closed-form upper bounds of the brake.
+
+    w = |v| + a^2/(2J) bounds the speed reached while the acceleration ramps to zero, and
+    E = |v||a|/J + |a|^3/(3J^2) + w^2/(2A) + wA/(2J) bounds the travel of the jerk-limited stop
+    in either direction; if both fit, the exact (slower) test is not needed.
+    """
+    av = v if v >= 0.0 else -v
+    aa = a if a >= 0.0 else -a
+    w = av + aa * aa * jt.inv_2j
+    if w > jt.vmax:
+        return False
+    e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (w * jt.inv_2a + jt.a_over_2j)
+    return jt.lo + e <= x <= jt.hi - e
 
 
 def _violation_up(jt: _Joint, x: float, v: float, a: float, j: float, dt: float) -> float:
@@ -177,7 +188,7 @@ def _viable_jerk(jt: _Joint, x: float, v: float, a: float, jd: float, dt: float)
     v2 = v + a2 * dt
     x2 = x + v2 * dt
     # Fast path: far from both limits and slow enough that no brake can break a limit.
-    if jt.fast_lo <= x2 <= jt.fast_hi and abs(v2) + a2 * a2 / (2.0 * jmax) <= jt.vel_fast:
+    if _clearly_viable(jt, x2, v2, a2):
         return j
     up = _violation_up(jt, x, v, a, j, dt)
     low = _violation_low(jt, x, v, a, j, dt)
@@ -351,10 +362,15 @@ class Projector:
         if names is None or names is self.joint_names or names == self.joint_names:
             if n != self.n:
                 return f"expected {self.n} values, got {n}"
+            isfinite = math.isfinite
             try:
                 out = [float(v) for v in values]
             except (TypeError, ValueError):
                 return "values are not numbers"
+            for i, val in enumerate(out):
+                if not isfinite(val):
+                    return f"non-finite value {val} for {self.joint_names[i]}"
+            return out
         else:
             try:
                 if len(names) != n:
@@ -419,30 +435,55 @@ class Projector:
             return self._brake_all(POSITION, dt, events, accepted=False)
         x, v, a, joints = self.x, self.v, self.a, self.joints
         r_prev, r_prev2, synced = self._r_prev, self._r_prev2, self._synced
+        n = self.n
         dt2, dt3 = dt * dt, dt * dt * dt
-        jerks = [0.0] * self.n
-        for i in range(self.n):
+        jerks, x2, v2, a2 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+        for i in range(n):
             jt = joints[i]
             r = req[i]
             xi, vi, ai = x[i], v[i], a[i]
+            jmax, amax = jt.jmax, jt.amax
             # Exact tracking when one admissible jerk lands on the request and leaves the
             # command moving like the request (else the next step could not follow): a stream
             # that respects the envelope passes unchanged. Otherwise a stable cascade catches up.
-            vr, ar = self._request_rates(i, jt, r, dt)
-            jd = (r - xi - vi * dt - ai * dt2) / dt3
-            a2 = ai + jd * dt
-            v2 = vi + a2 * dt
-            if not (-jt.jmax <= jd <= jt.jmax and -jt.amax <= a2 <= jt.amax
-                    and -jt.vmax <= v2 <= jt.vmax
-                    and (synced[i] or (abs(v2 - vr) <= 0.5 * jt.jmax * dt2
-                                       and abs(a2 - ar) <= 0.5 * jt.jmax * dt))):
-                jd = self._track(jt, r, vr, ar, xi, vi, ai, dt)
-            jerks[i] = _viable_jerk(jt, xi, vi, ai, jd, dt)
+            j = (r - xi - vi * dt - ai * dt2) / dt3
+            an = ai + j * dt
+            vn = vi + an * dt
+            if not (-jmax <= j <= jmax and -amax <= an <= amax and -jt.vmax <= vn <= jt.vmax):
+                vr, ar = self._request_rates(i, jt, r, dt)
+                j = self._track(jt, r, vr, ar, xi, vi, ai, dt)
+            elif not synced[i]:
+                vr, ar = self._request_rates(i, jt, r, dt)
+                if not (abs(vn - vr) <= 0.5 * jmax * dt2 and abs(an - ar) <= 0.5 * jmax * dt):
+                    j = self._track(jt, r, vr, ar, xi, vi, ai, dt)
+            # Inline fast path of _viable_jerk: inside the acceleration bounds, far from both
+            # position limits and slow enough that no brake can break one.
+            jlo = (-amax - ai) / dt
+            jhi = (amax - ai) / dt
+            if jlo < -jmax:
+                jlo = -jmax
+            if jhi > jmax:
+                jhi = jmax
+            if jlo <= j <= jhi:
+                an = ai + j * dt
+                vn = vi + an * dt
+                xn = xi + vn * dt
+                if not _clearly_viable(jt, xn, vn, an):
+                    j = _viable_jerk(jt, xi, vi, ai, j, dt)
+                    an = ai + j * dt
+                    vn = vi + an * dt
+                    xn = xi + vn * dt
+            else:
+                j = _viable_jerk(jt, xi, vi, ai, j, dt)
+                an = ai + j * dt
+                vn = vi + an * dt
+                xn = xi + vn * dt
+            jerks[i], a2[i], v2[i], x2[i] = j, an, vn, xn
             r_prev2[i] = r_prev[i]
             r_prev[i] = r
-        result = self._finish(POSITION, req, jerks, dt, events, x_base=x)
+        result = self._finish(POSITION, req, jerks, dt, events, x, x2, v2, a2)
         out = result.command
-        for i in range(self.n):
+        for i in range(n):
             synced[i] = abs(out[i] - req[i]) <= _TOL_ABS * (1.0 + abs(req[i]))
         return result
 
@@ -462,15 +503,19 @@ class Projector:
             events.append(SafetyEvent(INVALID_COMMAND, "input", "", math.nan, req))
             return self._brake_all(VELOCITY, dt, events, accepted=False, x_base=base)
         v, a, joints = self.v, self.a, self.joints
-        jerks = [0.0] * self.n
-        for i in range(self.n):
+        n = self.n
+        jerks, x2, v2, a2 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+        for i in range(n):
             jt = joints[i]
             jd = ((req[i] - v[i]) / dt - a[i]) / dt
             if not (-jt.jmax <= jd <= jt.jmax and -jt.amax <= a[i] + jd * dt <= jt.amax):
                 ad = sqrt_controller(req[i] - v[i], _VEL_GAIN / dt, jt.jmax * _LIMIT_SHARE, dt)
                 jd = (ad - a[i]) / dt
-            jerks[i] = _viable_jerk(jt, base[i], v[i], a[i], jd, dt)
-        return self._finish(VELOCITY, req, jerks, dt, events, x_base=base)
+            j = _viable_jerk(jt, base[i], v[i], a[i], jd, dt)
+            an = a[i] + j * dt
+            vn = v[i] + an * dt
+            jerks[i], a2[i], v2[i], x2[i] = j, an, vn, base[i] + vn * dt
+        return self._finish(VELOCITY, req, jerks, dt, events, base, x2, v2, a2)
 
     def brake(self, dt_s: float, mode: str = POSITION,
               measured: Sequence[float] | None = None) -> Projection:
@@ -525,19 +570,14 @@ class Projector:
                 for i, jt in enumerate(self.joints)]
 
     def _finish(self, mode: str, req: list[float], jerks: list[float], dt: float,
-                events: list[SafetyEvent], x_base: list[float]) -> Projection:
-        """Check the Cartesian limits for the candidate, commit it (or brake), report."""
-        n, joints = self.n, self.joints
+                events: list[SafetyEvent], x_base: list[float], x2: list[float],
+                v2: list[float], a2: list[float]) -> Projection:
+        """Check the Cartesian limits for the candidate (x2, v2, a2), commit it or brake."""
+        n = self.n
         v, a = self.v, self.a
-        x2 = [0.0] * n
-        v2 = [0.0] * n
-        a2 = [0.0] * n
-        for i in range(n):
-            ai = a[i] + jerks[i] * dt
-            vi = v[i] + ai * dt
-            a2[i], v2[i] = ai, vi
-            x2[i] = x_base[i] + vi * dt
         reason = self._cartesian_violation(x_base, x2, v2, a2)
+        if reason is None and mode == POSITION:
+            return self._commit_exact(req, x2, dt, events)
         # x_base may be the state list itself, which _commit updates in place.
         x_prev, v_prev, a_prev = list(x_base), list(v), list(a)
         braking = False
@@ -576,6 +616,38 @@ class Projector:
                                             a_prev[i], mode, dt))
         return Projection(out, mode, dt, accepted=True, intervened=intervened, events=events,
                           braking=braking, deviation=deviation)
+
+    def _commit_exact(self, req: list[float], x2: list[float], dt: float,
+                      events: list[SafetyEvent]) -> Projection:
+        """Commit a position candidate that passed every check (the hot path)."""
+        x, v, a = self.x, self.v, self.a
+        out = x2
+        deviation = 0.0
+        intervened = False
+        why: list[tuple[int, float, float, float]] = []
+        for i in range(self.n):
+            xi = x2[i]
+            r = req[i]
+            d = xi - r if xi > r else r - xi
+            if d:
+                scale = 1.0 + (r if r > 0.0 else -r)
+                if d <= _SNAP * scale:
+                    # Float rounding of the update, not an intervention: emit the request.
+                    xi = out[i] = r
+                elif d > _TOL_ABS * scale:
+                    intervened = True
+                    why.append((i, x[i], v[i], a[i]))
+                    if d > deviation:
+                        deviation = d
+            xo, vo = x[i], v[i]
+            vn = (xi - xo) / dt
+            a[i] = (vn - vo) / dt
+            v[i] = vn
+            x[i] = xi
+        for i, xo, vo, ao in why:
+            events.append(self._why(i, req[i], out[i], xo, vo, ao, POSITION, dt))
+        return Projection(out, POSITION, dt, accepted=True, intervened=intervened,
+                          events=events, deviation=deviation)
 
     def _commit(self, mode: str, jerks: list[float], dt: float, x_base: list[float],
                 req: list[float] | None = None) -> list[float]:
@@ -634,16 +706,23 @@ class Projector:
         # acceleration ramps to zero) and E = the jerk-limited stop from w plus the ramp.
         for i in range(n):
             jt = joints[i]
-            vi = abs(v2[i])
-            ai = abs(a2[i])
+            vi = v2[i]
+            if vi < 0.0:
+                vi = -vi
+            ai = a2[i]
+            if ai < 0.0:
+                ai = -ai
             wi = vi + ai * ai * jt.inv_2j
             e = vi * ai * jt.inv_j + ai * ai * ai * jt.inv_3j2 + wi * (
                 wi * jt.inv_2a + jt.a_over_2j)
-            step = abs(x2[i] - x1[i])
+            step = x2[i] - x1[i]
+            if step < 0.0:
+                step = -step
             exc[i] = e if e > step else step
             w[i] = wi
             if q0 is not None:
-                drift[i] = abs(x2[i] - q0[i])
+                d = x2[i] - q0[i]
+                drift[i] = d if d > 0.0 else -d
         if q0 is not None:
             # Certify with the last kinematics: the joints moved `drift` since then.
             speed = tail = 0.0
