@@ -1,4 +1,4 @@
-"""Deterministic behaviour of the projection: what passes, what is clipped, what each event says."""
+"""Deterministic projection: what passes, what is clipped, what each event says."""
 
 from __future__ import annotations
 

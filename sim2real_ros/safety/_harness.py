@@ -292,7 +292,8 @@ class FaultHarness(Node):
         if st["rollout_stage"] != "full":
             self.set_stage("full")
             self.wait_status(lambda s: s["rollout_stage"] == "full", 5.0, after=self.now() - 1.0)
-        timeout = self.config.startup_timeout_s if first or self.policy_kind != "scripted" else 10.0
+        slow_start = first or self.policy_kind != "scripted"
+        timeout = self.config.startup_timeout_s if slow_start else 10.0
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             ok = self.spin_until(lambda: self.last_status() is not None

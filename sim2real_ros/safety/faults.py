@@ -5,13 +5,16 @@ The suite starts `safety_filter`, `baseline_controller` and a policy process (th
 plays the arm itself (joint_states echo the arm command, a wrist F/T sensor, the task target,
 and the `policy_node/rollback` service when the scripted policy stands in), and injects:
 
-| fault | gap (playbook) | what must happen |
-|---|---|---|
-| policy_killed | latency | kill -9 the policy process: the baseline drives within 2 periods of the stream going stale |
-| joint_states_stopped | latency | joint_states stop: hold (brake to a standstill) within 2 periods of going stale |
-| force_spike | contact_actuator | wrist force over the envelope: e-stop latched until reset_estop |
-| uncertainty_spike | dynamics | ensemble disagreement spike: fallback, no return inside the hysteresis band, return after the calm period |
-| policy_drift | dynamics | a drifting policy: the monitor calls policy_node/rollback and drops the stage |
+- policy_killed (gap: latency): kill -9 the policy process; the baseline drives within 2
+  control periods of the stream going stale.
+- joint_states_stopped (latency): joint_states stop; hold (brake to a standstill) within 2
+  periods of going stale, and the policy drives again once they resume.
+- force_spike (contact_actuator): wrist force over the envelope; e-stop latched, reset refused
+  while the force lasts, accepted after.
+- uncertainty_spike (dynamics): ensemble disagreement spike; fallback, no return inside the
+  hysteresis band, return only after the calm period.
+- policy_drift (dynamics): a drifting policy; the monitor calls policy_node/rollback and drops
+  the stage.
 
 Each outcome is a FaultResult; `write_fault_record` stores them with the envelope hash (JSON),
 `load_fault_record` reads and validates a record (the audit uses it).
