@@ -11,6 +11,14 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 if not os.environ.get("ROS_DOMAIN_ID", "").isdigit():
     os.environ["ROS_DOMAIN_ID"] = str(random.SystemRandom().randint(1, 100))
 
+# Tests never write into the user's home: the policy registry and the rollout log of this run
+# live in a throw-away directory (tests that need their own pass explicit paths).
+import tempfile  # noqa: E402
+
+_RUN_DIR = tempfile.mkdtemp(prefix="sim2real-test-")
+os.environ["SIM2REAL_POLICY_REGISTRY"] = os.path.join(_RUN_DIR, "policies")
+os.environ["SIM2REAL_ROLLOUT_LOG"] = os.path.join(_RUN_DIR, "rollout_log.jsonl")
+
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
