@@ -42,7 +42,9 @@ def ensure_dds_env() -> None:
     """
     os.environ[DISCOVERY_VAR] = "LOCALHOST"
     if not os.environ.get(DOMAIN_VAR, "").isdigit():
-        os.environ[DOMAIN_VAR] = str(random.SystemRandom().randint(1, 100))
+        # Above the 1-100 that `make test` and the test fixtures draw from: a run's services
+        # (e.g. /sysid_recorder/stop) must never be answered by, or reach, a test's nodes.
+        os.environ[DOMAIN_VAR] = str(random.SystemRandom().randint(101, 232))
 
 
 class ProxyArmProcess:

@@ -391,6 +391,37 @@ def set_stage_when_streaming(stage: str, alive: Callable[[], None],
         rclpy.shutdown(context=ctx)
 
 
+def call_trigger(service: str, timeout_s: float = 10.0) -> str | None:
+    """Call a std_srvs/Trigger service; return None on success, else why it failed."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.node import Node
+    from std_srvs.srv import Trigger
+
+    ctx = Context()
+    rclpy.init(context=ctx)
+    node = Node("transfer_trigger", context=ctx)
+    client = node.create_client(Trigger, service)
+    ex = SingleThreadedExecutor(context=ctx)
+    ex.add_node(node)
+    try:
+        if not client.wait_for_service(timeout_sec=timeout_s):
+            return f"{service} not available within {timeout_s:.0f} s"
+        future = client.call_async(Trigger.Request())
+        end = time.monotonic() + timeout_s
+        while not future.done() and time.monotonic() < end:
+            ex.spin_once(timeout_sec=0.05)
+        if not future.done():
+            return f"{service} did not answer within {timeout_s:.0f} s"
+        res = future.result()
+        return None if res.success else f"{service}: {res.message}"
+    finally:
+        ex.remove_node(node)
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
 def observe_unit_id(alive: Callable[[], None], timeout_s: float = 30.0) -> str:
     """Return the arm driver's hardware_id from /diagnostics (how a cell names its unit)."""
     import rclpy

@@ -693,14 +693,20 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
                                        progress=lambda k, r: bar.update(1))
                 bar.close()
             finally:
-                # `--duration 0` records until Ctrl-C: SIGINT closes and seals the bag.
-                if recorder.poll() is None:
-                    os.killpg(recorder.pid, signal.SIGINT)
-                rc = recorder.wait(timeout=60)
+                rc = _stop_recorder(recorder)
                 log.close()
-        if rc != 0:
-            raise StageBlocked(f"step 4 recording: `sim2real sysid record` exited {rc}; see "
-                               f"{out / 'sysid_record.log'}")
+        # Judge the recording by the bag the recorder sealed, not only its exit code (stopped
+        # through ~/stop, the recorder closes the bag, then may exit non-zero while shutting
+        # down its service).
+        from sim2real_ros.sysid.bags import bag_info
+
+        try:
+            status = bag_info(out / "bags" / "collect").status
+        except ValueError as exc:
+            status = f"unreadable ({exc})"
+        if status != "complete":
+            raise StageBlocked(f"step 4 recording: `sim2real sysid record` exited {rc} and "
+                               f"its bag is {status}; see {out / 'sysid_record.log'}")
         summary = summarize(ev.results)
         write_json(out / "collect_eval.json", {
             "rollout_stage": ctx.cfg.collect_rollout_stage, "policy_version": version,
@@ -714,12 +720,38 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
     return _with_proxy(ctx, out, body)
 
 
+def _stop_recorder(recorder: subprocess.Popen[bytes]) -> int:
+    """End a `--duration 0` recording: the recorder's ~/stop service closes the bag (complete);
+    SIGINT, then SIGKILL, only if it does not exit."""
+    from sim2real_ros.proxy.evaluate import call_trigger
+
+    if recorder.poll() is None:
+        call_trigger("/sysid_recorder/stop", timeout_s=20.0)
+    for sig, wait_s in ((None, 120.0), (signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+        if sig is not None and recorder.poll() is None:
+            os.killpg(recorder.pid, sig)
+        try:
+            return recorder.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return recorder.wait()
+
+
 # What the fine-tune needs (joint states, the command that reached the arm, the target), plus
-# what the audit and a person reading the bag want.
-COLLECT_TOPICS = ("joint_states", "forward_position_controller/commands", "task/target",
-                  "policy/joint_command", "policy/confidence", "baseline/joint_command",
-                  "safety_filter/events", "safety_filter/status",
-                  "force_torque_sensor_broadcaster/wrench", "/diagnostics")
+# what the audit and a person reading the bag want. Typed, so the recorder subscribes at once
+# instead of waiting for each publisher to be discovered.
+COLLECT_TOPICS = (
+    "joint_states:sensor_msgs/msg/JointState",
+    "forward_position_controller/commands:std_msgs/msg/Float64MultiArray",
+    "task/target:geometry_msgs/msg/PointStamped",
+    "policy/joint_command:sensor_msgs/msg/JointState",
+    "policy/confidence:geometry_msgs/msg/Vector3Stamped",
+    "baseline/joint_command:sensor_msgs/msg/JointState",
+    "safety_filter/events:std_msgs/msg/String",
+    "safety_filter/status:std_msgs/msg/String",
+    "force_torque_sensor_broadcaster/wrench:geometry_msgs/msg/WrenchStamped",
+    "/diagnostics:diagnostic_msgs/msg/DiagnosticArray",
+)
 
 
 def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
@@ -831,6 +863,9 @@ def run_pipeline(
     # Batch-1 inference on a small MLP: extra intra-op threads only fight the ROS processes
     # for the cores (an ensemble forward pass was 8x slower with the default pool here).
     torch.set_num_threads(1)
+    from sim2real_ros.proxy.cell import ensure_dds_env
+
+    ensure_dds_env()
     run = RunFolder(run_dir)
     if resume:
         check_resume(run, cfg, quick)
