@@ -105,7 +105,8 @@ PARAMS = [
     ParamSpec("confidence_timeout_s", 0.05, "policy/confidence stale after (s).", low=0.001,
               high=10.0, read_only=RO),
     ParamSpec("future_tolerance_s", 0.02,
-              "How far a stamp may lead its reference before it counts as from the future (s).",
+              "How far a command's stamp may lead the node clock before it counts as from the "
+              "future (s).",
               low=0.0, high=1.0, read_only=RO),
     ParamSpec("clock_jump_s", 0.5,
               "A forward step of the node clock larger than this between ticks is a jump (s).",
