@@ -816,12 +816,20 @@ STAGES: tuple[Stage, ...] = (
 # Pipeline
 
 
+def reproduce_command(cfg: ExperimentConfig, quick: bool) -> str:
+    """The command line that reproduces `cfg` (the preset plus a --set per changed field)."""
+    base = ExperimentConfig.quick() if quick else ExperimentConfig()
+    sets = [f"--set {f.name}={getattr(cfg, f.name)}" for f in fields(cfg)
+            if getattr(cfg, f.name) != getattr(base, f.name)]
+    return " ".join(["sim2real experiment transfer", *(["--quick"] if quick else []), *sets])
+
+
 def run_info(cfg: ExperimentConfig, quick: bool) -> dict[str, Any]:
     """What run.json records: format, config, seeds, versions, the unit file's identity."""
     unit = cfg.unit_path()
     return {
         "format": RUN_FORMAT,
-        "command": "sim2real experiment transfer" + (" --quick" if quick else ""),
+        "command": reproduce_command(cfg, quick),
         "quick": quick,
         "config": asdict(cfg),
         "unit_file": str(unit),

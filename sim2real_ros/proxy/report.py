@@ -221,6 +221,12 @@ def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
         f"(seed {cfg.seed}, unit `{Path(info.get('unit_file', '')).name}`, "
         f"commit {info.get('versions', {}).get('git_commit', 'unknown')[:12]}).\n",
         markdown_table(rows),
+        "\nSim success: the policy alone in the simulator it was trained in. Proxy success: the "
+        "wrapped system on the proxy through the real-backend graph (a fallback to the baseline "
+        "that reaches the target counts); *policy drove* is the share of the scored time the "
+        "policy was the acting source. Tracking RMS: arm command minus measured position. "
+        "Final error: median tool-to-target distance at the end of the episodes. Audit: "
+        "`sim2real audit` with the evidence of that step.\n",
         "\n## Parameter recovery (fit vs the proxy's hidden unit file)\n",
         recovery_markdown(recovery),
         "\nPlots: " + ", ".join(plots) + "\n",
