@@ -5,8 +5,11 @@ other processes hits every variant alike:
 
 - plain_mlp: `torch.nn.Sequential` of Linear+Tanh with the same layer sizes, one member,
   `torch.inference_mode()`, input already a tensor (the floor).
-- ensemble_net: the shipped `EnsembleMLP` (N members as batched matmuls) on a tensor.
-- ensemble_evaluate: `EnsemblePolicy.evaluate` from a numpy observation: normalization, all
+- ensemble_torch: the shipped ensemble as the torch `EnsembleMLP` (N members as batched
+  matmuls, what training uses) on a normalized tensor.
+- ensemble_numpy: the same forward pass in NumPy (`EnsemblePolicy.members_np`, what running a
+  policy uses: no torch at run time) from a raw observation, normalization included.
+- ensemble_evaluate: `EnsemblePolicy.evaluate` from a NumPy observation: normalization, all
   members, mean action, disagreement (rad) and OOD score (what the node calls per tick).
 - runner_step: `PolicyRunner.step` (adds the observation build with forward kinematics and
   the bounded target update): the node's whole per-tick compute.
@@ -52,14 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
-    from sim2real_ros.policy.model import EnsemblePolicy, PlainMLP
+    from sim2real_ros.policy.model import EnsemblePolicy
+    from sim2real_ros.policy.nets import PlainMLP
     from sim2real_ros.policy.registry import DEFAULT_DIR
     from sim2real_ros.policy.runner import PolicyRunner
 
     policy = EnsemblePolicy.load(DEFAULT_DIR / "policy.pt")
+    runner = PolicyRunner(EnsemblePolicy.load(DEFAULT_DIR / "policy.pt"))  # NumPy weights
     spec = policy.spec
     plain = PlainMLP(spec).eval()
-    runner = PolicyRunner(policy)
     q = np.array(runner.task.home_rad)
     qd = np.zeros_like(q)
     target = runner.arm.tool_position(q) + np.array([0.1, 0.05, -0.05])
@@ -75,15 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             policy.net(norm_t)
 
+    def numpy_call() -> None:
+        runner.policy.members_np(obs_np[None, :])
+
     def eval_call() -> None:
-        policy.evaluate(obs_np)
+        runner.policy.evaluate(obs_np)
 
     def runner_call() -> None:
         runner.reset()
         runner.step(q, qd, target)
 
-    variants = {"plain_mlp": plain_call, "ensemble_net": net_call,
-                "ensemble_evaluate": eval_call, "runner_step": runner_call}
+    variants = {"plain_mlp": plain_call, "ensemble_torch": net_call,
+                "ensemble_numpy": numpy_call, "ensemble_evaluate": eval_call,
+                "runner_step": runner_call}
     samples: dict[str, list[np.ndarray]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for name, fn in variants.items():

@@ -161,3 +161,44 @@ def test_runner_refuses_an_arm_with_other_joints(fitted: tuple) -> None:
                            net=pol.net)
     with pytest.raises(ValueError, match="trained for joints"):
         PolicyRunner(other, ARM)
+
+
+def test_numpy_inference_matches_the_torch_module(fitted: tuple) -> None:
+    pol, obs = fitted
+    with torch.inference_mode():
+        t = pol.members_torch(torch.as_tensor(obs[:64])).numpy()
+    np.testing.assert_allclose(pol.evaluate(obs[:64]).member_actions, t, atol=2e-6)
+
+
+def test_running_a_policy_does_not_import_torch(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from sim2real_ros.policy.registry import PolicyRegistry; "
+            "from sim2real_ros.policy.runner import PolicyRunner; "
+            "import sim2real_ros.policy.node; "
+            f"p, _ = PolicyRegistry({str(tmp_path / 'reg')!r}).load(0); r = PolicyRunner(p); "
+            "s = r.step(r.task.home_rad, [0.0] * 6, [0.5, 0.0, 0.4]); "
+            "print('torch' in sys.modules, s.joint_target_rad.shape)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "(6,)"]
+
+
+def test_legacy_torch_archive_policies_still_load(fitted: tuple) -> None:
+    import io
+    import json
+
+    pol, obs = fitted
+    payload = {
+        "format": "sim2real_policy/1",
+        "spec": json.dumps(pol.spec.to_dict()), "task": json.dumps(pol.task),
+        "joint_names": json.dumps(pol.joint_names), "metadata": json.dumps({}),
+        "obs_mean": torch.as_tensor(pol.stats.mean), "obs_std": torch.as_tensor(pol.stats.std),
+        "obs_count": 1, "state_dict": pol.net.state_dict(),
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    old = EnsemblePolicy.from_bytes(buf.getvalue())
+    np.testing.assert_allclose(old.evaluate(obs[:8]).member_actions,
+                               pol.evaluate(obs[:8]).member_actions, atol=1e-6)

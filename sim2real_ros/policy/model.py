@@ -1,7 +1,10 @@
 """The policy network: an ensemble of small MLPs with a disagreement and an OOD score.
 
-- Members are evaluated together as batched matrix products (one `baddbmm` per layer), so an
-  ensemble of N costs little more than one MLP at batch 1 (see bench/bench_policy_inference.py).
+- Members are evaluated together as batched matrix products (one per layer), so an ensemble
+  of N costs little more than one MLP at batch 1 (see bench/bench_policy_inference.py).
+- Running a policy needs NumPy only: `evaluate` is a NumPy forward pass, and the policy file is
+  a NumPy archive. Torch is imported only to train or fine-tune (`.net`, `members_torch`), so a
+  robot computer runs `policy_node` without torch and the node starts in about a second.
 - Disagreement (confidence x): max over joints of the members' standard deviation of the joint
   target, in rad. All members answer the same observation with the same previous target, so
   that std is the std of the members' joint-target steps (`max_step_rad * a|a|`).
@@ -19,16 +22,22 @@ from __future__ import annotations
 
 import io
 import json
-import math
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
-FORMAT = "sim2real_policy/1"
+if TYPE_CHECKING:
+    import torch
+
+    from sim2real_ros.policy.nets import EnsembleMLP
+
+FORMAT = "sim2real_policy/2"  # NumPy .npz; /1 was a torch archive (still readable with torch)
+LEGACY_FORMAT = "sim2real_policy/1"
+
+Layers = list[tuple[np.ndarray, np.ndarray]]  # (weight (N, in, out), bias (N, 1, out)) per layer
 
 
 @dataclass(frozen=True)
@@ -57,76 +66,6 @@ class ModelSpec:
             members=int(d["members"]),
             obs_clip=float(d["obs_clip"]),
         )
-
-
-class EnsembleMLP(nn.Module):
-    """N independent MLPs (tanh hidden layers, tanh output in [-1, 1]) evaluated in one pass."""
-
-    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
-        super().__init__()
-        self.spec = spec
-        gen = torch.Generator().manual_seed(seed)
-        sizes = [spec.obs_dim, *spec.hidden, spec.act_dim]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            # Orthogonal-ish scale as in PPO practice; the output layer starts small so an
-            # untrained policy commands small moves.
-            gain = 0.01 if i == len(sizes) - 2 else math.sqrt(2.0)
-            w = torch.randn(spec.members, fan_in, fan_out, generator=gen) * (
-                gain / math.sqrt(fan_in)
-            )
-            self.weights.append(nn.Parameter(w))
-            self.biases.append(nn.Parameter(torch.zeros(spec.members, 1, fan_out)))
-        # Plain references to the same Parameter objects: indexing a ParameterList costs more
-        # than the matrix products at batch 1 (load_state_dict copies in place, so they stay).
-        self._hidden_wb = tuple(zip(list(self.weights)[:-1], list(self.biases)[:-1], strict=True))
-        self._out_wb = (self.weights[-1], self.biases[-1])
-
-    @property
-    def n_layers(self) -> int:
-        """Number of linear layers per member."""
-        return len(self.weights)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Return the last hidden layer's activations, shape (N, B, hidden[-1]).
-
-        `x` is (B, obs_dim) shared by all members, or (N, B, obs_dim) one batch per member.
-        """
-        h = x.unsqueeze(0).expand(self.spec.members, -1, -1) if x.dim() == 2 else x
-        for w, b in self._hidden_wb:
-            h = torch.tanh(torch.baddbmm(b, h, w))
-        return h
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Return pre-tanh outputs of the last layer, shape (N, B, act_dim)."""
-        w, b = self._out_wb
-        return torch.baddbmm(b, h, w)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return every member's action in [-1, 1], shape (N, B, act_dim)."""
-        return torch.tanh(self.head(self.features(x)))
-
-    def last_layer_parameters(self) -> list[nn.Parameter]:
-        """The parameters fine-tuning may change."""
-        return [self.weights[-1], self.biases[-1]]
-
-
-class PlainMLP(nn.Module):
-    """One MLP of the same width (the benchmark's baseline)."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        sizes = [spec.obs_dim, *spec.hidden, spec.act_dim]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-            layers.append(nn.Linear(a, b))
-            layers.append(nn.Tanh())
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Return the action in [-1, 1]."""
-        return self.net(x)
 
 
 @dataclass
@@ -168,7 +107,12 @@ class EnsembleOutput:
 
 
 class EnsemblePolicy:
-    """An ensemble network with its observation statistics and the task it was trained on."""
+    """An ensemble network with its observation statistics and the task it was trained on.
+
+    The weights live in NumPy arrays until something asks for the torch module (`.net`, for
+    training); from then on the module is the source of truth and `evaluate` reads its
+    parameters as NumPy views, so both always agree.
+    """
 
     def __init__(
         self,
@@ -179,6 +123,7 @@ class EnsemblePolicy:
         metadata: dict[str, Any] | None = None,
         net: EnsembleMLP | None = None,
         seed: int = 0,
+        layers: Layers | None = None,
     ) -> None:
         if stats.mean.shape != (spec.obs_dim,):
             raise ValueError(
@@ -189,29 +134,78 @@ class EnsemblePolicy:
         self.task = dict(task)
         self.joint_names = list(joint_names)
         self.metadata = dict(metadata or {})
-        self.net = net if net is not None else EnsembleMLP(spec, seed=seed)
-        self._mean_t = torch.as_tensor(stats.mean, dtype=torch.float32)
-        self._std_t = torch.as_tensor(stats.std, dtype=torch.float32)
+        self._net = net
+        self._layers = None if layers is None else _check_layers(spec, layers)
+        if self._net is None and self._layers is None:
+            from sim2real_ros.policy.nets import EnsembleMLP
+
+            self._net = EnsembleMLP(spec, seed=seed)
+        self._set_norm()
+
+    def _set_norm(self) -> None:
+        self._mean32 = self.stats.mean.astype(np.float32)
+        self._inv_std32 = (1.0 / self.stats.std).astype(np.float32)
 
     @property
     def max_step_rad(self) -> float:
         """Largest joint-target move per control step, rad."""
         return float(self.task["max_step_rad"])
 
+    @property
+    def net(self) -> EnsembleMLP:
+        """The torch module (imports torch; built from the NumPy weights on first use)."""
+        if self._net is None:
+            from sim2real_ros.policy.nets import EnsembleMLP
+
+            net = EnsembleMLP(self.spec)
+            assert self._layers is not None
+            net.load_layers(self._layers)
+            self._net, self._layers = net, None
+        return self._net
+
+    def layers(self) -> Layers:
+        """The weights as NumPy arrays (views of the torch parameters once `.net` exists)."""
+        if self._net is not None:
+            return self._net.layers_numpy()
+        assert self._layers is not None
+        return self._layers
+
     def set_stats(self, stats: ObsStats) -> None:
         """Replace the observation statistics (training updates them from new data)."""
         self.stats = stats
-        self._mean_t = torch.as_tensor(stats.mean, dtype=torch.float32)
-        self._std_t = torch.as_tensor(stats.std, dtype=torch.float32)
+        self._set_norm()
+
+    # --- torch (training) --------------------------------------------------------------------
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        """Return clipped z-scored observations as the network input."""
+        """Return clipped z-scored observations as the network input (torch)."""
+        import torch
+
         c = self.spec.obs_clip
-        return torch.clamp((obs - self._mean_t) / self._std_t, -c, c)
+        mean = torch.as_tensor(self._mean32)
+        inv = torch.as_tensor(self._inv_std32)
+        return torch.clamp((obs - mean) * inv, -c, c)
 
     def members_torch(self, obs: torch.Tensor) -> torch.Tensor:
         """Every member's action for raw observations (differentiable), shape (N, B, A)."""
         return self.net(self.normalize(obs))
+
+    # --- NumPy (running) ---------------------------------------------------------------------
+
+    def normalize_np(self, obs: np.ndarray) -> np.ndarray:
+        """Return clipped z-scored observations (float32)."""
+        c = self.spec.obs_clip
+        return np.clip((np.asarray(obs, dtype=np.float32) - self._mean32) * self._inv_std32,
+                       -c, c)
+
+    def members_np(self, obs: np.ndarray) -> np.ndarray:
+        """Every member's action for raw observations (B, D), shape (N, B, A); NumPy only."""
+        h = self.normalize_np(obs)
+        layers = self.layers()
+        for w, b in layers[:-1]:
+            h = np.tanh(h @ w + b)  # (B, in) @ (N, in, out) broadcasts to (N, B, out)
+        w, b = layers[-1]
+        return np.tanh(h @ w + b)
 
     def evaluate(self, obs: np.ndarray) -> EnsembleOutput:
         """Evaluate raw observations, shape (B, obs_dim) or (obs_dim,) (treated as B = 1)."""
@@ -222,8 +216,7 @@ class EnsemblePolicy:
             raise ValueError(
                 f"expected observations of shape (B, {self.spec.obs_dim}), got {np.shape(obs)}"
             )
-        with torch.inference_mode():
-            members = self.members_torch(torch.from_numpy(o)).numpy()
+        members = self.members_np(o)
         action = members.mean(axis=0)
         # Joint-target steps of each member (signed square, see task.action_to_step).
         steps = self.max_step_rad * members * np.abs(members)
@@ -233,20 +226,25 @@ class EnsemblePolicy:
     # --- persistence -------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        """Serialize to the policy file format (a torch archive of tensors and JSON strings)."""
-        payload = {
+        """Serialize to the policy file format: a NumPy .npz of arrays and one JSON header."""
+        header = {
             "format": FORMAT,
-            "spec": json.dumps(self.spec.to_dict(), sort_keys=True),
-            "task": json.dumps(self.task, sort_keys=True),
-            "joint_names": json.dumps(self.joint_names),
-            "metadata": json.dumps(self.metadata, sort_keys=True),
-            "obs_mean": torch.as_tensor(self.stats.mean, dtype=torch.float64),
-            "obs_std": torch.as_tensor(self.stats.std, dtype=torch.float64),
+            "spec": self.spec.to_dict(),
+            "task": self.task,
+            "joint_names": self.joint_names,
+            "metadata": self.metadata,
             "obs_count": int(self.stats.count),
-            "state_dict": {k: v.detach().clone() for k, v in self.net.state_dict().items()},
         }
+        arrays: dict[str, np.ndarray] = {
+            "header": np.array(json.dumps(header, sort_keys=True)),
+            "obs_mean": np.asarray(self.stats.mean, dtype=np.float64),
+            "obs_std": np.asarray(self.stats.std, dtype=np.float64),
+        }
+        for i, (w, b) in enumerate(self.layers()):
+            arrays[f"w{i}"] = np.array(w, dtype=np.float32)
+            arrays[f"b{i}"] = np.array(b, dtype=np.float32)
         buf = io.BytesIO()
-        torch.save(payload, buf)
+        np.savez(buf, **arrays)
         return buf.getvalue()
 
     def save(self, path: str | Path) -> Path:
@@ -258,32 +256,65 @@ class EnsemblePolicy:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> EnsemblePolicy:
-        """Load a policy file's bytes (tensors only: weights_only, no code is unpickled)."""
+        """Load a policy file's bytes (arrays and JSON only: nothing is unpickled)."""
+        try:
+            names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+        except zipfile.BadZipFile as exc:
+            raise ValueError(f"{source}: not a readable policy file ({exc})") from exc
+        if any(n.endswith("data.pkl") for n in names):
+            return cls._from_torch_archive(data, source)
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                header = json.loads(str(z["header"]))
+                if header.get("format") != FORMAT:
+                    raise ValueError(f"format {header.get('format')!r}")
+                spec = ModelSpec.from_dict(header["spec"])
+                n_layers = len(spec.hidden) + 1
+                layers = [(z[f"w{i}"].astype(np.float32), z[f"b{i}"].astype(np.float32))
+                          for i in range(n_layers)]
+                stats = ObsStats(z["obs_mean"].astype(np.float64),
+                                 z["obs_std"].astype(np.float64), int(header["obs_count"]))
+        except (KeyError, ValueError, OSError) as exc:
+            raise ValueError(f"{source}: not a readable {FORMAT} policy file ({exc})") from exc
+        return cls(spec, stats, header["task"], header["joint_names"], header["metadata"],
+                   layers=layers)
+
+    @classmethod
+    def _from_torch_archive(cls, data: bytes, source: str) -> EnsemblePolicy:
+        """Read a sim2real_policy/1 file (torch archive, weights_only: no code unpickled)."""
+        import torch
+
         try:
             payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - any decode failure means "not a policy file"
             raise ValueError(f"{source}: not a readable policy file ({exc})") from exc
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise ValueError(f"{source}: not a {FORMAT} file")
+        if not isinstance(payload, dict) or payload.get("format") != LEGACY_FORMAT:
+            raise ValueError(f"{source}: not a {LEGACY_FORMAT} file")
         spec = ModelSpec.from_dict(json.loads(payload["spec"]))
-        stats = ObsStats(
-            payload["obs_mean"].numpy().astype(np.float64),
-            payload["obs_std"].numpy().astype(np.float64),
-            int(payload["obs_count"]),
-        )
-        net = EnsembleMLP(spec)
-        net.load_state_dict(payload["state_dict"])
-        return cls(
-            spec,
-            stats,
-            json.loads(payload["task"]),
-            json.loads(payload["joint_names"]),
-            json.loads(payload["metadata"]),
-            net=net,
-        )
+        sd = payload["state_dict"]
+        layers = [(sd[f"weights.{i}"].numpy().astype(np.float32),
+                   sd[f"biases.{i}"].numpy().astype(np.float32))
+                  for i in range(len(spec.hidden) + 1)]
+        stats = ObsStats(payload["obs_mean"].numpy().astype(np.float64),
+                         payload["obs_std"].numpy().astype(np.float64), int(payload["obs_count"]))
+        return cls(spec, stats, json.loads(payload["task"]), json.loads(payload["joint_names"]),
+                   json.loads(payload["metadata"]), layers=layers)
 
     @classmethod
     def load(cls, path: str | Path) -> EnsemblePolicy:
         """Load a policy file without any integrity check (use the registry for that)."""
         p = Path(path)
         return cls.from_bytes(p.read_bytes(), str(p))
+
+
+def _check_layers(spec: ModelSpec, layers: Layers) -> Layers:
+    sizes = [spec.obs_dim, *spec.hidden, spec.act_dim]
+    if len(layers) != len(sizes) - 1:
+        raise ValueError(f"expected {len(sizes) - 1} layers for {spec}, got {len(layers)}")
+    for i, (w, b) in enumerate(layers):
+        want_w = (spec.members, sizes[i], sizes[i + 1])
+        want_b = (spec.members, 1, sizes[i + 1])
+        if w.shape != want_w or b.shape != want_b:
+            raise ValueError(f"layer {i}: weight {w.shape} / bias {b.shape}, expected "
+                             f"{want_w} / {want_b}")
+    return layers
