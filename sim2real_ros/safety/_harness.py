@@ -33,7 +33,8 @@ from sim2real_ros.safety.envelope import load_envelope
 from sim2real_ros.safety.fault_policy import CONTROL_TOPIC
 
 StartFn = Callable[..., "subprocess.Popen[bytes]"]
-DEFAULT_CONTROL = {"disagreement_rad": 0.01, "ood": 0.5, "drift_rad_s2": 0.0, "publish": True}
+DEFAULT_CONTROL = {"disagreement_rad": 0.01, "ood": 0.5, "drift_rad_s2": 0.0, "publish": True,
+                   "offset_rad": None, "nan_every": 0}
 
 
 class FaultHarness(Node):
@@ -56,6 +57,7 @@ class FaultHarness(Node):
         env = load_envelope(self.envelope_path, arm)
         self.envelope_sha256 = file_sha256(self.envelope_path)
         self.force_limit_n = env.measured.max_force_n
+        self.envelope = env
         self.arm = arm
         self.joints = list(arm.joint_names)
         self.q = list(config.home_rad)
@@ -170,7 +172,11 @@ class FaultHarness(Node):
             "-p", f"control_rate_hz:={1.0 / c.period_s}",
             "-p", f"monitor_window_s:={c.monitor_window_s}",
             "-p", f"monitor_max_intervention_rate:={c.monitor_max_intervention_rate}",
-            "-p", "monitor_cooldown_s:=1.0", "-p", "rollback_retry_period_s:=0.2"],
+            "-p", "monitor_cooldown_s:=1.0", "-p", "rollback_retry_period_s:=0.2",
+            # With the real policy only the stream's death is under test (the confidence gate
+            # is the scripted uncertainty scenario's); its OOD score depends on this stand-in
+            # arm, not on the filter.
+            "-p", f"require_confidence:={'true' if self.policy_kind == 'scripted' else 'false'}"],
             name="safety_filter"))
         self.procs.append(self.start_process("sim2real_ros.safety.baseline_node", ros_args=[
             "-p", env_arg, "-p", "mode:=hold"], name="baseline_controller"))

@@ -5,7 +5,8 @@ and OOD spikes, a drifting command, a stream that stops. This node publishes wha
 publishes (`policy/joint_command` answering the newest `joint_states` stamp, `policy/confidence`)
 from a fixed script: a slow sine around `home_rad` (inside every envelope limit), plus whatever
 the latched JSON on `fault_policy/control` asks for:
-{"disagreement_rad": float, "ood": float, "drift_rad_s2": float, "publish": bool}.
+{"disagreement_rad": float, "ood": float, "drift_rad_s2": float, "publish": bool,
+ "offset_rad": [per-joint offsets] or null, "nan_every": n (every n-th command carries a NaN)}.
 It is a test instrument for the safety filter (used by `sim2real safety fault-suite`), not a
 controller; it shares no code with the policy room.
 """
@@ -32,7 +33,8 @@ from sim2real_ros.ros.qos import COMMAND_QOS, LATCHED_QOS, STATE_QOS
 
 NODE_NAME = "fault_policy"
 CONTROL_TOPIC = "fault_policy/control"
-CONTROL_KEYS = ("disagreement_rad", "ood", "drift_rad_s2", "publish")
+CONTROL_KEYS = ("disagreement_rad", "ood", "drift_rad_s2", "publish", "offset_rad",
+                "nan_every")
 
 PARAMS = [
     ParamSpec("urdf_path", "", "URDF of the arm; '' = the shipped arm.", read_only=True),
@@ -59,7 +61,9 @@ class FaultPolicy(Node):
             raise ConfigError(f"ROS parameters of /{self.get_name()}", "home_rad", self.home,
                               f"{len(self.joints)} values")
         self.control: dict[str, Any] = {"disagreement_rad": 0.01, "ood": 0.5,
-                                        "drift_rad_s2": 0.0, "publish": True}
+                                        "drift_rad_s2": 0.0, "publish": True,
+                                        "offset_rad": None, "nan_every": 0}
+        self._count = 0
         self._stamp = None
         self._t0: float | None = None
         self._drift_t0: float | None = None
@@ -103,7 +107,13 @@ class FaultPolicy(Node):
         cmd = JointState()
         cmd.header.stamp = self._stamp
         cmd.name = self.joints
-        cmd.position = [h + wave + drift for h in self.home]
+        offset = self.control["offset_rad"] or [0.0] * len(self.home)
+        position = [h + wave + drift + float(o) for h, o in zip(self.home, offset)]
+        self._count += 1
+        nan_every = int(self.control["nan_every"] or 0)
+        if nan_every and self._count % nan_every == 0:
+            position[0] = math.nan
+        cmd.position = position
         self.cmd_pub.publish(cmd)
         conf = Vector3Stamped()
         conf.header.stamp = self._stamp

@@ -5,6 +5,10 @@ The suite starts `safety_filter`, `baseline_controller` and a policy process (th
 plays the arm itself (joint_states echo the arm command, a wrist F/T sensor, the task target,
 and the `policy_node/rollback` service when the scripted policy stands in), and injects:
 
+- command_beyond_envelope (contact_actuator): the policy asks for a joint 0.6 rad past the
+  envelope, then sends NaN commands: every arm command stays inside the envelope, each
+  intervention is reported with its joint and excess, the NaNs are rejected (no e-stop below
+  the invalid-command count).
 - policy_killed (gap: latency): kill -9 the policy process; the baseline drives within 2
   control periods of the stream going stale.
 - joint_states_stopped (latency): joint_states stop; hold (brake to a standstill) within 2
@@ -43,6 +47,7 @@ from sim2real_ros.ros.env import child_env
 FORMAT_VERSION = 1
 GAPS = ("visual", "dynamics", "sensor_noise", "latency", "contact_actuator")
 FAULT_GAPS = {
+    "command_beyond_envelope": "contact_actuator",
     "policy_killed": "latency",
     "joint_states_stopped": "latency",
     "force_spike": "contact_actuator",
@@ -330,14 +335,15 @@ def scenario_force_spike(h: Any) -> FaultResult:
     cleared = h.wait_status(lambda s: not s["estop"], 2.0, after=h.now() - 0.05)
     p = h.config.period_s
     # Reaction inside the filter: from the latch (on the sample's arrival) to the hold.
-    reaction = None if ev is None or hold is None else (hold["t"] - ev["t"]) / p
+    reaction, late, in_time = _reaction(hold)
     seen = None if got is None else (got[0] - t0) / p
     hash_ok = ev is not None and ev.get("envelope_sha256") == h.envelope_sha256
     survived = (got is not None and refused is not None and not refused[0] and latched
                 and held and accepted is not None and accepted[0] and cleared is not None
-                and hash_ok and reaction is not None and reaction <= MAX_REACTION_PERIODS)
+                and hash_ok and in_time)
     detail = (f"wrist force {spike:.0f} N > {h.force_limit_n:.0f} N: hold {_fmt(reaction)} "
-              f"periods after the sample latched the e-stop; e-stop status seen {_fmt(seen)} "
+              f"periods after the sample latched the e-stop (scheduler's share {late:.2f}); "
+              f"e-stop status seen {_fmt(seen)} "
               f"periods after the spike was sent "
               f"({ev['limit'] if ev else 'no event'}, envelope hash "
               f"{'logged' if hash_ok else 'MISSING'}); reset while the force lasted: "
@@ -412,8 +418,56 @@ def scenario_policy_drift(h: Any) -> FaultResult:
     return _result(name, survived, None, detail)
 
 
-SCRIPTED_SCENARIOS = (scenario_uncertainty_spike, scenario_force_spike,
-                      scenario_joint_states_stopped, scenario_policy_drift)
+def scenario_command_beyond_envelope(h: Any) -> FaultResult:
+    """Commands past a position limit, then NaNs: every arm command stays inside the envelope."""
+    name = "command_beyond_envelope"
+    if h.policy_kind != "scripted":
+        return _result(name, False, None, "needs the scripted policy", False)
+    if not h.ensure_policy_drives():
+        return _result(name, False, None, "the policy never drove: " + h.why_not(), False)
+    env = h.envelope
+    k = 4  # wrist_2: home 1.5 rad, envelope upper 1.9 rad
+    joint = env.joints[k]
+    offset = [0.0] * len(env.joints)
+    offset[k] = joint.upper_rad + 0.6 - h.config.home_rad[k]
+    n0 = len(h.commands)
+    t0 = h.now()
+    h.set_control(offset_rad=offset)
+    h.spin_for(1.5)
+    h.set_control(nan_every=25)
+    h.spin_for(1.0)
+    h.set_control(offset_rad=None, nan_every=0)
+    h.spin_for(0.2)
+    cmds = [c for _, c in h.commands[n0:]]
+    lo = [j.lower_rad for j in env.joints]
+    hi = [j.upper_rad for j in env.joints]
+    # The filter's tick spacing is at most 2 periods (dt is clamped to that range).
+    max_step = [2.0 * h.config.period_s * j.velocity_rad_s * (1 + 1e-9) for j in env.joints]
+    outside = sum(1 for c in cmds for i, v in enumerate(c) if not lo[i] <= v <= hi[i])
+    too_fast = sum(1 for a, b in zip(cmds, cmds[1:]) for i in range(len(a))
+                   if abs(b[i] - a[i]) > max_step[i])
+    peak = max((c[k] for c in cmds), default=math.nan)
+    clip = h.wait_event(lambda e: e["kind"] == "intervention" and e["limit"] == "position"
+                        and e["joint"] == joint.name, 1.0, after=t0)
+    nan = h.wait_event(lambda e: e["kind"] == "invalid_command" and "non-finite" in e["detail"],
+                       1.0, after=t0)
+    estop = any(s["estop"] for t, s in h.status if t >= t0)
+    excess = None if clip is None else float(clip["excess"])
+    survived = (len(cmds) > 50 and outside == 0 and too_fast == 0 and clip is not None
+                and excess is not None and abs(excess - 0.6) < 0.05 and nan is not None
+                and not estop)
+    detail = (f"{joint.name} asked for {joint.upper_rad + 0.6:.2f} rad (envelope "
+              f"{joint.upper_rad} rad), then every 25th command NaN: {len(cmds)} arm commands, "
+              f"{outside} outside the envelope, {too_fast} steps faster than the velocity limit, "
+              f"peak {peak:.4f} rad; intervention event {joint.name}/position excess "
+              f"{'%.3f' % excess if excess is not None else 'MISSING'} rad; NaN commands "
+              f"{'rejected (invalid_command)' if nan else 'NOT reported'}; e-stop "
+              f"{'LATCHED' if estop else 'not latched'} (below the invalid-command count)")
+    return _result(name, survived, None, detail)
+
+
+SCRIPTED_SCENARIOS = (scenario_command_beyond_envelope, scenario_uncertainty_spike,
+                      scenario_force_spike, scenario_joint_states_stopped, scenario_policy_drift)
 
 
 def default_registry(tmp_dir: str | Path) -> Path:

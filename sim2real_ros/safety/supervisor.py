@@ -184,6 +184,8 @@ class Supervisor:
         self.interventions = 0
         self.hard_violations = 0
         self._tick_late_periods = 0.0
+        self._estop_t = math.nan
+        self._ticks_since_estop = 0
 
     # -- stage -----------------------------------------------------------------------------
     def _apply_scale(self) -> None:
@@ -336,6 +338,8 @@ class Supervisor:
             # Already latched: further readings over the limit are counted, not re-reported.
             return []
         e = SafetyEvent(ev.ESTOP, limit, joint, excess, detail, now_s)
+        self._estop_t = now_s
+        self._ticks_since_estop = 0
         self.estop = True
         self.estop_reason = f"{limit}{'[' + joint + ']' if joint else ''}: {detail}"
         self._pending.append(e)
@@ -489,10 +493,17 @@ class Supervisor:
                                       or hold_reason != self.hold_reason):
             since = self.joint_watch.stale_since() if js != FRESH else None
             periods = max(0.0, now_s - since) / cfg.period_s if since is not None else 0.0
-            detail = self.estop_reason if hold_reason == "estop" else hold_reason
+            late = self._tick_late_periods
+            detail = hold_reason
+            if hold_reason == "estop":
+                detail = self.estop_reason
+                periods = max(0.0, now_s - self._estop_t) / cfg.period_s
+                # Held in the tick right after the latch: any delay was the scheduler's.
+                if self._ticks_since_estop == 0:
+                    late = periods
             self._pending.append(SafetyEvent(ev.HOLD, hold_reason, "", 0.0, detail, now_s,
                                              reaction_periods=periods,
-                                             tick_late_periods=self._tick_late_periods))
+                                             tick_late_periods=late))
         elif source != SOURCE_HOLD and self.source == SOURCE_HOLD:
             self._pending.append(SafetyEvent(ev.RESUME, source, "", 0.0, f"{source} drives",
                                              now_s))
@@ -501,6 +512,8 @@ class Supervisor:
                                              f"{self.source} -> {source}", now_s))
         self.source = source
         self.hold_reason = hold_reason
+        if self.estop:
+            self._ticks_since_estop += 1
 
         # Command.
         proj = self.projector
