@@ -164,8 +164,17 @@ def test_stale_observations_silence_the_node_and_diagnostics_say_so(ros_context,
             while time.monotonic() < window:
                 ex.spin_once(timeout_sec=0.001)
 
-    # joint_states stop; the target keeps coming, so only the observation goes stale
-    spin_target_only(0.3)  # delivers what was in flight and passes the timeout
+    # joint_states stop; the target keeps coming, so only the observation goes stale. First
+    # let what was in flight be delivered (a loaded host may deliver it late), until the
+    # node has been stale with no new joint state for a whole window.
+    deadline = time.monotonic() + 20.0
+    seq = -1
+    while time.monotonic() < deadline:
+        spin_target_only(0.3)
+        if node._obs_seq == seq and node._state == "stale":
+            break
+        seq = node._obs_seq
+    assert node._state == "stale"
     n_quiet, published = len(probe.commands), node._published
     spin_target_only(0.6)
     assert len(probe.commands) == n_quiet and node._published == published
