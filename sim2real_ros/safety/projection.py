@@ -291,7 +291,6 @@ class Projector:
         self.dt_min_s = DT_MIN_FRACTION * self.period_s
         self.dt_max_s = DT_MAX_FRACTION * self.period_s
         self.kin = ToolKinematics(arm, envelope.tool_link)
-        self._static_levers = self.kin.static_lever_arms_m
         self._box_margin = box_margin_m
         self._tool_speed_margin = tool_speed_margin
         self._box_lo = list(envelope.box_min_m)
