@@ -149,13 +149,14 @@ def test_unit_check_node_reports_whether_the_live_arm_is_the_calibrated_unit(
     peer.create_subscription(
         DiagnosticArray, "/diagnostics",
         lambda m: got.extend(s for s in m.status if s.name.startswith("unit_check:")), STATE_QOS)
+    # The stand-in driver reports its unit at 20 Hz, as a driver's diagnostics would.
+    peer.create_timer(0.05, lambda: pub.publish(DiagnosticArray(
+        status=[make_status("arm: drive", 0, "ok", {"unit_id": live})])))
     ex = SingleThreadedExecutor(context=ros_context)
     ex.add_node(check)
     ex.add_node(peer)
 
     def report() -> bool:
-        pub.publish(DiagnosticArray(status=[make_status("arm: drive", 0, "ok",
-                                                        {"unit_id": live})]))
         return check.live_unit_id == live and bool(got) and fragment in got[-1].message
 
     assert spin_until(ex, report, 10.0), [s.message for s in got[-3:]]  # type: ignore[attr-defined]
