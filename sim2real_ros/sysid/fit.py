@@ -571,6 +571,8 @@ def regression_start(
     max_latency_s: float,
     max_rows: int = 4000,
     min_speed_rad_s: float = 0.03,
+    trusted_only: bool = True,
+    bounded: bool = True,
 ) -> WarmStart:
     """Estimate rigid-body, damping and friction parameters by linear least squares on efforts.
 
@@ -685,8 +687,13 @@ def regression_start(
                 lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
             lo_b.append(lo_)
             hi_b.append(hi_)
-        sol = lsq_linear(A / scale, yv, bounds=(np.array(lo_b) * scale, np.array(hi_b) * scale))
-        est = dict(zip(cols, sol.x / scale))
+        if bounded:
+            sol = lsq_linear(A / scale, yv,
+                             bounds=(np.array(lo_b) * scale, np.array(hi_b) * scale)).x
+        else:
+            # unbounded: a biased estimate below a bound must keep its value to be debiased
+            sol = np.linalg.lstsq(A / scale, yv, rcond=None)[0]
+        est = dict(zip(cols, sol / scale))
         if "alpha" in est:
             values["mass_scale"] = float(est.pop("alpha"))
         if "gamma" in est:
@@ -696,11 +703,61 @@ def regression_start(
     # Only the gravity-dominated estimates are trusted as a start: sampled efforts of a drive
     # fed a command staircase bias the velocity and acceleration terms (damping, friction,
     # inertia) towards zero, and a start at the base values converges better.
-    values = {k: v for k, v in values.items() if k in WARM_START_TRUSTED}
+    if trusted_only:
+        values = {k: v for k, v in values.items() if k in WARM_START_TRUSTED}
     for name, v in list(values.items()):
         lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
-        values[name] = float(np.clip(v, lo_, hi_))
+        values[name] = float(np.clip(v, lo_, hi_)) if bounded else float(v)
     return WarmStart(values, None, rows_used)
+
+
+def debiased_regression(
+    plant: ArmPlant,
+    runs: list[RunData],
+    base: PlantParams,
+    defs: list[ParamDef],
+    start: dict[str, float],
+    latency_s: float,
+    groups: tuple[str, ...],
+    max_latency_s: float,
+    window_s: float = 2.0,
+) -> dict[str, float]:
+    """Remove the effort regression's bias by running it on simulated data too (one step).
+
+    The regression is biased by how efforts are sampled (the torque of one physics step per
+    joint state under a command staircase), but the simulator reproduces that sampling. So the
+    regression is run on the measured runs and on the plant's replay of the same commands at the
+    start values, over the same 2 s windows; start + (measured - simulated) is the estimate.
+    """
+    params, _ = apply_values(base, latency_s, defs,
+                             np.array([start.get(d.name, get_value(base, latency_s, d))
+                                       for d in defs]))
+    windows = make_windows(runs, window_s, window_s, plant.physics_dt_s, max_latency_s)
+    if not windows:
+        return {}
+    sims = ShootingProblem(plant, runs, windows, make_weights(None, plant.n, False)).simulate(
+        params, latency_s)
+    measured, simulated = [], []
+    for w, (q, qd, tau) in zip(windows, sims):
+        r = runs[w.run]
+        assert r.tau is not None
+        seg = dict(joint_names=r.joint_names, t_s=r.t_s[w.ks], cmd_t_s=r.cmd_t_s, cmd=r.cmd)
+        measured.append(RunData(name=r.name, q=r.q[w.ks], qd=r.qd[w.ks], tau=r.tau[w.ks], **seg))
+        simulated.append(RunData(name=r.name, q=q, qd=qd, tau=tau, **seg))
+    reg = [d.name for d in defs if d.group in ("joint_damping_nms", "joint_friction_nm",
+                                               "mass_scale", "inertia_scale", "payload_kg",
+                                               "armature_kgm2")]
+    meas = regression_start(plant, measured, base, groups, latency_s, max_latency_s,
+                            trusted_only=False, bounded=False).values
+    sim = regression_start(plant, simulated, base, groups, latency_s, max_latency_s,
+                           trusted_only=False, bounded=False).values
+    plant.set_params(params)
+    out = {}
+    for d in defs:
+        if d.name in reg and d.name in meas and d.name in sim:
+            v0 = start.get(d.name, get_value(params, latency_s, d))
+            out[d.name] = float(np.clip(v0 + meas[d.name] - sim[d.name], d.lower, d.upper))
+    return out
 
 
 def _progress(total: int, enabled: bool, desc: str) -> Any:
@@ -826,9 +883,6 @@ def _fit(
 
     defs = param_defs(tuple(opts.groups), n)
     warm = regression_start(plant, train, base, tuple(opts.groups), latency0, opts.max_latency_s)
-    if warm.values:
-        say(f"warm start from {warm.rows} effort samples: " + ", ".join(
-            f"{k}={v:.3g}" for k, v in warm.values.items()))
     if "kp_scale" in opts.groups or LATENCY in opts.groups:
         servo = servo_start(plant, train, base, latency0, opts.max_latency_s)
         if servo is not None:
@@ -839,6 +893,12 @@ def _fit(
                                     for j, v in enumerate(servo.kp_scale)})
             say(f"drive torques: latency {servo.latency_s * 1e3:.2f} ms, kp scale "
                 f"{np.round(servo.kp_scale, 3).tolist()}")
+    if warm.rows:
+        corrected = debiased_regression(plant, train, base, defs, warm.values, latency0,
+                                        tuple(opts.groups), opts.max_latency_s)
+        warm.values.update(corrected)
+        say("start (effort regression, bias removed through the simulator): " + ", ".join(
+            f"{k}={v:.3g}" for k, v in warm.values.items() if not k.startswith("kp_scale")))
     x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
     typ = np.array([d.typical for d in defs])
     lo = np.array([d.lower for d in defs])
@@ -871,7 +931,10 @@ def _fit(
     j_sub = jacobian(x0, f_sub, sub, list(range(len(defs))), bar)
     if bar is not None:
         bar.close()
-    ident = check_identifiability(j_sub, [d.name for d in defs], opts.max_rel_std, opts.max_vif)
+    # Information grows with the data: the subset's Jacobian, scaled to all windows, predicts
+    # the Cramér-Rao bound of the fit that follows.
+    j_all = j_sub * math.sqrt(len(windows) / max(len(sub.windows), 1))
+    ident = check_identifiability(j_all, [d.name for d in defs], opts.max_rel_std, opts.max_vif)
     for name, why in ident.refused.items():
         say(f"refusing {name}: {why}")
     free = [i for i, d in enumerate(defs) if d.name in ident.kept]

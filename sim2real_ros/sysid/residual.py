@@ -112,6 +112,16 @@ class ResidualModel:
     ) -> list[float]:
         """Train on (inputs, real - sim) with full-batch Adam; return the loss history."""
         torch.manual_seed(seed)
+        # A model this small trains fastest on one thread; torch's default pool of one thread a
+        # core mostly synchronises (and competes with the simulator on a 2-core machine).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._fit(data, epochs, lr, weight_decay)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, data: ResidualData, epochs: int, lr: float, weight_decay: float) -> list[float]:
         y = data.real_next - data.sim_next
         self.x_mean, self.x_std = data.inputs.mean(0), data.inputs.std(0) + 1e-9
         self.y_mean, self.y_std = y.mean(0), y.std(0) + 1e-12
