@@ -247,8 +247,14 @@ def _constant(commands: list[list[float]]) -> bool:
 def scenario_policy_killed(h: Any) -> FaultResult:
     """kill -9 the policy process; the baseline must drive within 2 periods of staleness."""
     name = "policy_killed"
-    if not h.ensure_policy_drives():
-        return _result(name, False, None, "the policy never drove: " + h.why_not(), False)
+    # The kill must hit a policy that is driving at that moment: a jitter-induced fallback
+    # just before it would hide the reaction under test, so make sure, a few times if needed.
+    for _ in range(3):
+        if not h.ensure_policy_drives():
+            return _result(name, False, None, "the policy never drove: " + h.why_not(), False)
+        h.spin_for(0.1)
+        if h.last_status()["source"] == "policy":
+            break
     t_last = h.last_policy_arrival
     t_kill = h.now()
     pid = h.kill_policy()
