@@ -49,6 +49,7 @@ def transfer(run_dir: Path, *extra: str, timeout_s: float = 900.0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the whole pipeline in real time: minutes on 2 shared cores
 def test_quick_run_writes_every_artifact_and_a_corrupted_one_stops_the_resume(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

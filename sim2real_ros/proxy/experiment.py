@@ -663,10 +663,8 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
     calibrated policy observes), recorded live by `sim2real sysid record`."""
     _require("sim2real_ros.sysid.cli", "recording proxy trajectories (sim2real sysid record)")
     from sim2real_ros.policy.task import TaskConfig
-    from sim2real_ros.proxy.cell import check_graph, real_backend_graph
-    from sim2real_ros.proxy.evaluate import evaluate_on_graph, observe_unit_id
+    from sim2real_ros.proxy.evaluate import observe_unit_id
     from sim2real_ros.proxy.scoring import episode_targets, summarize
-    from sim2real_ros.ros.env import child_env
 
     version = registry_version(ctx, "calibrated")
     # Different targets from the evaluation's: the fine-tune never sees the test targets.
@@ -675,38 +673,21 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
 
     def body() -> dict[str, Any]:
         unit = observe_unit_id(ctx.proxy.check)
-        with real_backend_graph(ctx.registry_root, version, ctx.cfg.collect_rollout_stage,
-                                out / "logs", safety_timeout_s=ctx.cfg.safety_timeout_s
-                                ) as runner:
-            log = open(out / "sysid_record.log", "w")  # noqa: SIM115 - closed below
-            cmd = [sys.executable, "-m", "sim2real_ros.cli", "sysid", "record", "--unit", unit,
-                   "--output-dir", str(out / "bags"), "--run-name", "collect",
-                   "--duration", "0", "--note", "transfer experiment step 4 collection",
-                   "--topics", *COLLECT_TOPICS]
-            recorder = subprocess.Popen(cmd, env=child_env(), stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        rejected: list[dict[str, Any]] = []
+        for attempt in range(1, COLLECT_ATTEMPTS + 1):
             try:
-                bar = ctx.progress.bar(len(targets), "collect")
-                ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
-                                       alive=lambda: (check_graph(runner), ctx.proxy.check()),
-                                       promote_to=ctx.cfg.collect_rollout_stage,
-                                       progress=lambda k, r: bar.update(1))
-                bar.close()
-            finally:
-                rc = _stop_recorder(recorder)
-                log.close()
-        # Judge the recording by the bag the recorder sealed, not only its exit code (stopped
-        # through ~/stop, the recorder closes the bag, then may exit non-zero while shutting
-        # down its service).
-        from sim2real_ros.sysid.bags import bag_info
-
-        try:
-            status = bag_info(out / "bags" / "collect").status
-        except ValueError as exc:
-            status = f"unreadable ({exc})"
-        if status != "complete":
-            raise StageBlocked(f"step 4 recording: `sim2real sysid record` exited {rc} and "
-                               f"its bag is {status}; see {out / 'sysid_record.log'}")
+                ev = _collect_once(ctx, out, unit, version, targets)
+                break
+            except CollectionFailed as exc:
+                kept = out / "rejected" / f"collect_attempt_{attempt}"
+                kept.parent.mkdir(exist_ok=True)
+                if (out / "bags" / "collect").exists():
+                    (out / "bags" / "collect").rename(kept)
+                rejected.append({"attempt": attempt, "bag": str(kept.relative_to(out)),
+                                 "why": str(exc).splitlines()[0]})
+                ctx.progress.say(f"collection attempt {attempt} failed: {exc}")
+                if attempt == COLLECT_ATTEMPTS:
+                    raise StageBlocked(f"{exc} (after {attempt} attempts)") from exc
         summary = summarize(ev.results)
         write_json(out / "collect_eval.json", {
             "rollout_stage": ctx.cfg.collect_rollout_stage, "policy_version": version,
@@ -715,9 +696,67 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
         ctx.progress.say(f"collected {len(ev.results)} trajectories in stage "
                          f"{ctx.cfg.collect_rollout_stage}; the acting controller reached "
                          f"{summary.success_rate:.0%} of the targets")
-        return {"unit_id": unit, "bags": ["collect"], "acting_success": summary.success_rate}
+        return {"unit_id": unit, "bags": ["collect"], "acting_success": summary.success_rate,
+                "rejected_recordings": rejected}
 
     return _with_proxy(ctx, out, body)
+
+
+COLLECT_ATTEMPTS = 3
+# The fine-tune pairs these: without any one of them the bag teaches nothing.
+COLLECT_REQUIRED = ("/joint_states", "/forward_position_controller/commands", "/task/target")
+
+
+class CollectionFailed(StageBlocked):
+    """A live recording that is not usable (recorder failed, or a needed topic is empty)."""
+
+
+def _collect_once(ctx: Context, out: Path, unit: str, version: int,
+                  targets: np.ndarray) -> Any:
+    """One collection: the graph in the collect stage, the recorder, the targets."""
+    from sim2real_ros.policy.task import TaskConfig
+    from sim2real_ros.proxy.cell import check_graph, real_backend_graph
+    from sim2real_ros.proxy.evaluate import evaluate_on_graph
+    from sim2real_ros.ros.env import child_env
+    from sim2real_ros.sysid.bags import bag_info, count_messages
+
+    with real_backend_graph(ctx.registry_root, version, ctx.cfg.collect_rollout_stage,
+                            out / "logs", safety_timeout_s=ctx.cfg.safety_timeout_s) as runner:
+        log = open(out / "sysid_record.log", "a")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "sim2real_ros.cli", "sysid", "record", "--unit", unit,
+               "--output-dir", str(out / "bags"), "--run-name", "collect",
+               "--duration", "0", "--note", "transfer experiment step 4 collection",
+               "--topics", *COLLECT_TOPICS]
+        recorder = subprocess.Popen(cmd, env=child_env(), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            bar = ctx.progress.bar(len(targets), "collect")
+            ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
+                                   alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                                   promote_to=ctx.cfg.collect_rollout_stage,
+                                   progress=lambda k, r: bar.update(1))
+            bar.close()
+        finally:
+            rc = _stop_recorder(recorder)
+            log.close()
+    # Judge the recording by the bag the recorder sealed, not only its exit code (stopped
+    # through ~/stop, the recorder closes the bag, then may exit non-zero while shutting
+    # down its service).
+    bag = out / "bags" / "collect"
+    try:
+        status = bag_info(bag).status
+        counts = count_messages(bag)
+    except (ValueError, OSError) as exc:
+        raise CollectionFailed(f"step 4 recording: {bag} is unreadable ({exc}); "
+                               f"`sim2real sysid record` exited {rc}") from exc
+    if status != "complete":
+        raise CollectionFailed(f"step 4 recording: `sim2real sysid record` exited {rc} and "
+                               f"its bag is {status}; see {out / 'sysid_record.log'}")
+    empty = [t for t in COLLECT_REQUIRED if not counts.get(t)]
+    if empty:
+        raise CollectionFailed(f"step 4 recording: {bag} has no messages on {empty} "
+                               f"(counts {counts})")
+    return ev
 
 
 def _stop_recorder(recorder: subprocess.Popen[bytes]) -> int:
