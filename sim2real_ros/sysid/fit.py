@@ -82,6 +82,7 @@ class FitOptions:
     rollout_s: float = 2.0
     rollout_every_s: float = 2.0
     spread: bool = True  # run-to-run spread (one extra Jacobian on the validation runs)
+    solver: str = "lm"  # "lm": bounded Levenberg-Marquardt (default) | "trf": scipy trust region
     physics_dt_s: float = 1e-3
     progress: bool = True
     weights: dict[str, float] = field(default_factory=lambda: {"q": 1.0, "qd": 1.0, "tau": 1.0})
@@ -966,10 +967,14 @@ def _fit(
     z0 = x0[free] / typ[free]
     f_init = fun(z0)
     cost0 = 0.5 * float(f_init @ f_init)
-    res = least_squares(
-        fun, z0, jac=jac, bounds=(lo[free] / typ[free], hi[free] / typ[free]),
-        method="trf", x_scale=1.0, max_nfev=opts.max_iterations, xtol=1e-6, ftol=1e-8,
-    )
+    if opts.solver == "trf":
+        res = least_squares(
+            fun, z0, jac=jac, bounds=(lo[free] / typ[free], hi[free] / typ[free]),
+            method="trf", x_scale=1.0, max_nfev=opts.max_iterations, xtol=1e-6, ftol=1e-8,
+        )
+    else:
+        res = levenberg_marquardt(fun, jac, z0, lo[free] / typ[free], hi[free] / typ[free],
+                                  opts.max_iterations)
     if bar is not None:
         bar.close()
     x_hat = full_x(res.x)
@@ -1049,6 +1054,72 @@ def _fit(
         traces={"nominal": tr_nom, "calibrated": tr_cal,
                 "held_out_runs": [r.name for r in held_out]},
     )
+
+
+@dataclass
+class SolverResult:
+    """What the least-squares solvers return (the fields of scipy's OptimizeResult we use)."""
+
+    x: np.ndarray
+    cost: float
+    fun: np.ndarray
+    jac: np.ndarray
+    nfev: int
+    status: int
+    message: str
+
+
+def levenberg_marquardt(
+    fun: Callable[[np.ndarray], np.ndarray],
+    jac: Callable[[np.ndarray], np.ndarray],
+    z0: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    max_iterations: int,
+    lam0: float = 1e-3,
+    tol: float = 1e-6,
+) -> SolverResult:
+    """Bounded Levenberg-Marquardt with Marquardt's diagonal scaling.
+
+    Gauss-Newton steps are exact along the narrow valleys a stiff servo makes (gain vs
+    damping), where a trust region started at |x0| first overshoots; the damping λ only grows
+    when a step fails. Steps are projected onto the bounds. One Jacobian per iteration, and a
+    failed trial costs one simulation.
+    """
+    z = np.clip(np.asarray(z0, dtype=float), lower, upper)
+    f = fun(z)
+    cost = 0.5 * float(f @ f)
+    nfev = 1
+    lam = lam0
+    j = jac(z)
+    status, message = 0, "the iteration limit was reached"
+    for _ in range(max_iterations):
+        jtj = j.T @ j
+        g = j.T @ f
+        d = np.maximum(np.diag(jtj), 1e-12)
+        accepted = False
+        for _trial in range(8):
+            step = -np.linalg.solve(jtj + lam * np.diag(d), g)
+            z_new = np.clip(z + step, lower, upper)
+            f_new = fun(z_new)
+            nfev += 1
+            cost_new = 0.5 * float(f_new @ f_new)
+            if cost_new < cost:
+                accepted = True
+                break
+            lam *= 10.0
+        if not accepted:
+            status, message = 2, "no step reduces the cost (converged or stuck)"
+            break
+        rel = (cost - cost_new) / max(cost, 1e-300)
+        dz = float(np.max(np.abs(z_new - z)))
+        z, f, cost = z_new, f_new, cost_new
+        lam = max(lam / 10.0, 1e-9)
+        j = jac(z)
+        if rel < 1e-8 or dz < tol:
+            status, message = 1, "the cost or the parameters stopped changing"
+            break
+    return SolverResult(z, cost, f, j, nfev, status, message)
 
 
 def _gn_step(
