@@ -63,6 +63,8 @@ def register(subparsers: Any) -> None:
     fit.add_argument("--validation-runs", nargs="+", default=None,
                      help="bag names held out (default: the last third)")
     fit.add_argument("--max-iterations", type=int, default=10)
+    fit.add_argument("--solver", choices=["lm", "trf"], default="lm",
+                     help="bounded Levenberg-Marquardt (default) or scipy's trust region")
     fit.add_argument("--window", type=float, default=0.3, help="shooting window, s")
     fit.add_argument("--window-every", type=float, default=1.0, help="window spacing, s")
     fit.add_argument("--joint-states-topic", default="joint_states")
@@ -209,7 +211,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         opts = FitOptions(
             groups=tuple(args.params) if args.params else DEFAULT_GROUPS,
             window_s=args.window, window_every_s=args.window_every,
-            max_iterations=args.max_iterations,
+            max_iterations=args.max_iterations, solver=args.solver,
             validation_runs=tuple(args.validation_runs) if args.validation_runs else None,
             progress=not args.no_progress,
         )
