@@ -244,7 +244,7 @@ def test_thresholds_are_configurable() -> None:
     ("force_spike", "contact_actuator", {"estop"}),
     ("uncertainty_spike", "dynamics", {"fallback"}),
     ("policy_drift", "dynamics", {"monitor_rollback"}),
-    ("command_out_of_envelope", "contact_actuator", {"bounds"}),
+    ("command_beyond_envelope", "contact_actuator", {"bounds"}),
 ])
 def test_the_safety_suites_faults_map_to_exactly_their_capabilities(
     name: str, gap: str, caps: set[str]

@@ -289,12 +289,12 @@ def test_audit_through_a_sysid_calibration_file(tmp_path: Path) -> None:
         assert rows(rep)["dynamics"] == "amber", name
 
 
-def write_suite_record(path: Path, envelope: Path, fail: str = "", extra: tuple[str, ...] = ()
+def write_suite_record(path: Path, envelope: Path, fail: str = "", drop: tuple[str, ...] = ()
                        ) -> Path:
     """A fault record as the safety suite writes it (its own writer and result type)."""
     from sim2real_ros.safety.faults import FAULT_GAPS, FaultResult, write_fault_record
 
-    names = {**FAULT_GAPS, **{e: "contact_actuator" for e in extra}}
+    names = {n: g for n, g in FAULT_GAPS.items() if n not in drop}
     results = [FaultResult(n, g, True, n != fail, 1.0, "test") for n, g in names.items()]
     write_fault_record(path, results, file_sha256(envelope))
     return path
@@ -304,17 +304,16 @@ def test_audit_through_the_safety_suites_fault_record(tmp_path: Path) -> None:
     envelope = tmp_path / "envelope.yaml"
     envelope.write_text("version: 1\n")
     base = ["--envelope", str(envelope), "--bag", str(write_cell_bag(tmp_path / "run1", 1.5))]
-    rec = write_suite_record(tmp_path / "faults.json", envelope)
+    # A record without the out-of-envelope command leaves the bounds untested.
+    rec = write_suite_record(tmp_path / "faults.json", envelope, drop=("command_beyond_envelope",))
     _, report, _ = run([*base, "--fault-record", str(rec), "-o", str(tmp_path / "a")])
     safety = next(r for r in report["rows"] if r["gap"] == "safety")
     latency = next(r for r in report["rows"] if r["gap"] == "latency")
-    # The suite fault-tests the watchdog, fallback, e-stop and rollback, but injects no
-    # out-of-envelope command: bounds stay untested in the record.
     assert safety["status"] == "amber" and safety["missing"] == ["fault-test bounds"]
     assert latency["status"] == "green", latency
-    with_bounds = write_suite_record(tmp_path / "faults2.json", envelope,
-                                     extra=("command_out_of_envelope",))
-    _, report, _ = run([*base, "--fault-record", str(with_bounds), "-o", str(tmp_path / "b")])
+    # The whole suite (watchdog, fallback, e-stop, rollback and bounds) turns the row green.
+    full = write_suite_record(tmp_path / "faults2.json", envelope)
+    _, report, _ = run([*base, "--fault-record", str(full), "-o", str(tmp_path / "b")])
     assert rows(report)["safety"] == "green"
     failed = write_suite_record(tmp_path / "faults3.json", envelope, fail="force_spike")
     code, report, _ = run([*base, "--fault-record", str(failed), "-o", str(tmp_path / "c")])
