@@ -11,7 +11,7 @@ ROS_DOMAIN_ID ?= $(shell python3 -c "import os; print(1 + int.from_bytes(os.uran
 export ROS_DOMAIN_ID
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test venv bench lint clean
+.PHONY: demo test venv bench clean
 
 venv: $(STAMP)
 

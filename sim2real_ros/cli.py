@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from sim2real_ros.config import ConfigError
 
 # Rooms that contribute sub-commands, in the order `sim2real --help` lists them.
 COMMAND_MODULES = [
-    "sim2real_ros.sim.cli",  # sim2real sim ...
-    "sim2real_ros.policy.cli",  # train, policy list|promote|rollback|finetune
-    "sim2real_ros.safety.cli",  # safety check-envelope ...
-    "sim2real_ros.sysid.cli",  # sysid excite|fit|report
-    "sim2real_ros.shadow.cli",  # shadow report, rollout promote
+    "sim2real_ros.sim.cli",  # sim draw|check-spec|terms
+    "sim2real_ros.policy.cli",  # train; policy list|promote|rollback|verify|eval|finetune|record-sim
+    "sim2real_ros.safety.cli",  # safety check-envelope|derive-envelope|fault-suite
+    "sim2real_ros.sysid.cli",  # sysid excite|record|info|fit|synth
+    "sim2real_ros.shadow.cli",  # shadow report; rollout promote|status
     "sim2real_ros.audit.cli",  # audit
     "sim2real_ros.graph_cli",  # run, demo
     "sim2real_ros.proxy.cli",  # experiment transfer
@@ -33,12 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        # While the rooms are being built some modules do not exist yet; see test_cli.py.
-        try:
-            if importlib.util.find_spec(name) is None:
-                continue
-        except ModuleNotFoundError:
-            continue
         importlib.import_module(name).register(sub)
     return parser
 

@@ -200,7 +200,7 @@ def _cmd_record_sim(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `train` and `policy ...` to the sim2real command."""
-    from sim2real_ros.policy.train import ALGOS, TrainConfig
+    from sim2real_ros.policy.train_config import ALGOS, TrainConfig
 
     d = TrainConfig()
     t = subparsers.add_parser(
