@@ -391,6 +391,29 @@ def set_stage_when_streaming(stage: str, alive: Callable[[], None],
         rclpy.shutdown(context=ctx)
 
 
+def wait_for_trigger_service(service: str, alive: Callable[[], None],
+                             timeout_s: float = 90.0) -> None:
+    """Wait until a std_srvs/Trigger service exists (a node is up); TimeoutError otherwise."""
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.node import Node
+    from std_srvs.srv import Trigger
+
+    ctx = Context()
+    rclpy.init(context=ctx)
+    node = Node("transfer_service_probe", context=ctx)
+    client = node.create_client(Trigger, service)
+    try:
+        end = time.monotonic() + timeout_s
+        while not client.wait_for_service(timeout_sec=0.2):
+            alive()
+            if time.monotonic() > end:
+                raise TimeoutError(f"{service} did not appear within {timeout_s:.0f} s")
+    finally:
+        node.destroy_node()
+        rclpy.shutdown(context=ctx)
+
+
 def call_trigger(service: str, timeout_s: float = 10.0) -> str | None:
     """Call a std_srvs/Trigger service; return None on success, else why it failed."""
     import rclpy

@@ -703,6 +703,7 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
 
 
 COLLECT_ATTEMPTS = 3
+RECORDER_STOP = "/sysid_recorder/stop"
 # The fine-tune pairs these: without any one of them the bag teaches nothing.
 COLLECT_REQUIRED = ("/joint_states", "/forward_position_controller/commands", "/task/target")
 
@@ -716,7 +717,7 @@ def _collect_once(ctx: Context, out: Path, unit: str, version: int,
     """One collection: the graph in the collect stage, the recorder, the targets."""
     from sim2real_ros.policy.task import TaskConfig
     from sim2real_ros.proxy.cell import check_graph, real_backend_graph
-    from sim2real_ros.proxy.evaluate import evaluate_on_graph
+    from sim2real_ros.proxy.evaluate import evaluate_on_graph, wait_for_trigger_service
     from sim2real_ros.ros.env import child_env
     from sim2real_ros.sysid.bags import bag_info, count_messages
 
@@ -730,9 +731,19 @@ def _collect_once(ctx: Context, out: Path, unit: str, version: int,
         recorder = subprocess.Popen(cmd, env=child_env(), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            def alive() -> None:
+                check_graph(runner)
+                ctx.proxy.check()
+                if recorder.poll() is not None:
+                    raise CollectionFailed(f"step 4 recording: the recorder exited "
+                                           f"{recorder.returncode} before the collection")
+
+            # The recorder must be up before the first target: on a busy host its start-up
+            # took longer than a short collection (observed: one message per topic).
+            wait_for_trigger_service(RECORDER_STOP, alive)
             bar = ctx.progress.bar(len(targets), "collect")
             ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
-                                   alive=lambda: (check_graph(runner), ctx.proxy.check()),
+                                   alive=alive,
                                    promote_to=ctx.cfg.collect_rollout_stage,
                                    progress=lambda k, r: bar.update(1))
             bar.close()
@@ -754,8 +765,10 @@ def _collect_once(ctx: Context, out: Path, unit: str, version: int,
                                f"its bag is {status}; see {out / 'sysid_record.log'}")
     empty = [t for t in COLLECT_REQUIRED if not counts.get(t)]
     if empty:
+        tail = "\n".join((out / "sysid_record.log").read_text(errors="replace")
+                         .splitlines()[-12:])
         raise CollectionFailed(f"step 4 recording: {bag} has no messages on {empty} "
-                               f"(counts {counts})")
+                               f"(counts {counts}); recorder log:\n{tail}")
     return ev
 
 
@@ -765,7 +778,7 @@ def _stop_recorder(recorder: subprocess.Popen[bytes]) -> int:
     from sim2real_ros.proxy.evaluate import call_trigger
 
     if recorder.poll() is None:
-        call_trigger("/sysid_recorder/stop", timeout_s=20.0)
+        call_trigger(RECORDER_STOP, timeout_s=20.0)
     for sig, wait_s in ((None, 120.0), (signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
         if sig is not None and recorder.poll() is None:
             os.killpg(recorder.pid, sig)
