@@ -60,9 +60,10 @@ class ExperimentConfig:
     sim_episodes: int = 60
     proxy_episodes: int = 30
     eval_rollout_stage: str = "full"
-    # joint_states / wrench rate of the proxy's broadcasters (Hz). 250 Hz, not the node's 500:
-    # every node of the graph takes each message in Python on 2 shared cores (see docs).
-    proxy_rate_hz: float = 250.0
+    # joint_states / wrench rate of the proxy's broadcasters (Hz). 125 Hz (a UR CB-series
+    # rate), not the node's 500: each of the six Python nodes takes every message on 2 shared
+    # cores; at 250 Hz the filter's loop fell to ~70 Hz and the fine-tune refused the bag.
+    proxy_rate_hz: float = 125.0
     # > 0: the safety filter's stream timeouts for this host (s), future-stamp tolerance half
     # of it (cell.safety_timing); 0 = the shipped 25 ms / 5 ms. Recorded with every result.
     safety_timeout_s: float = 0.1
