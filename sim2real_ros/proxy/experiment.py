@@ -21,7 +21,6 @@ report stage, after every fit, to compare the recovered parameters with the hidd
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
