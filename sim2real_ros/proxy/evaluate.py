@@ -42,7 +42,7 @@ class GraphCounters:
     interventions: int = 0  # safety_filter/events messages
     fallbacks: int = 0  # status changes to a source other than the policy
     event_kinds: dict[str, int] = field(default_factory=dict)
-    # "kind/limit/detail" -> count: which limit or check fired (what an operator reads first)
+    # "kind/limit" -> count: which limit or check fired (what an operator reads first)
     event_details: dict[str, int] = field(default_factory=dict)
     source_changes: dict[str, int] = field(default_factory=dict)  # changes to each source
     # seconds of the scored episodes each source (policy | baseline | hold) drove the arm
@@ -182,7 +182,8 @@ def _make_driver_class() -> type:
             try:
                 event = json.loads(msg.data)
                 kind = str(event.get("kind", "unknown"))
-                detail = "/".join(str(event.get(k, "")) for k in ("kind", "limit", "detail"))
+                # kind/limit: which check fired (the detail carries the measured values)
+                detail = f"{kind}/{event.get('limit', '')}"
             except (ValueError, AttributeError):
                 kind = detail = "unparsable"
             c = self.counters
