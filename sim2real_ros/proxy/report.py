@@ -202,6 +202,52 @@ def plot_final_errors(run: RunFolder, path: Path) -> Path:
     return path
 
 
+def target_checks(
+    run: RunFolder, rows: list[Row], recovery: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The issue's targets, each with the measured figure and whether it is met."""
+    checks: list[dict[str, Any]] = []
+    reference = next((r.sim_success for r in rows if r.policy == "randomized"), None)
+    after = [r.proxy_success for r in rows if r.step in ("3", "4") and r.proxy_success is not None]
+    drove = [r.policy_drove for r in rows if r.step in ("3", "4") and r.policy_drove is not None]
+    if reference is not None and after:
+        best = max(after)
+        checks.append({
+            "target": "proxy success after step 3 or 4 >= 95 % of sim success (the step-1 "
+                      "randomized policy in its simulator)",
+            "measured": f"{best:.0%} vs 95 % x {reference:.0%} = {0.95 * reference:.0%}"
+                        + (f"; the policy itself drove {max(drove):.0%} of that time at most"
+                           if drove else ""),
+            "met": bool(best >= 0.95 * reference)})
+    else:
+        checks.append({"target": "proxy success after step 3 or 4 >= 95 % of sim success",
+                       "measured": "not run", "met": None})
+    gap = [r for r in rows if r.step == "1-2"]
+    checks.append({
+        "target": "the gap at step 2, reported whatever it is",
+        "measured": "; ".join(f"{r.policy}: sim {_fmt(r.sim_success, '.0%')} -> proxy "
+                              f"{_fmt(r.proxy_success, '.0%')}" for r in gap),
+        "met": None})
+    n, ok = recovery.get("n_compared", 0), recovery.get("n_within_10pct", 0)
+    checks.append({
+        "target": "parameter recovery within +-10 % per parameter",
+        "measured": f"{ok} of {n} compared values" if n else "no fit sealed",
+        "met": bool(n and ok == n) if n else None})
+    walls = []
+    for name in sorted(p.name for p in run.root.iterdir() if (p / "manifest.json").is_file()):
+        walls.append(float(run.verify(name).meta.get("wall_s", 0.0)))
+    info = run.load_run()
+    budget_min = 10.0 if info.get("quick") else 45.0
+    total_min = sum(walls) / 60.0
+    checks.append({
+        "target": f"{'a --quick' if info.get('quick') else 'a default'} run within "
+                  f"{budget_min:.0f} minutes on 2 cores",
+        "measured": f"{total_min:.1f} min over {len(walls)} sealed stages (resumes add up "
+                    "their stages only)",
+        "met": bool(total_min <= budget_min) if len(walls) == 9 else None})
+    return checks
+
+
 def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
     """Write results.md, results.json and the plots into `out`; return the JSON content."""
     from sim2real_ros.proxy.recovery import parameter_recovery, recovery_markdown, plot_recovery
@@ -215,6 +261,10 @@ def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
     if recovery.get("parameters"):
         plots.append(plot_recovery(recovery, out / "parameter_recovery.png").name)
     command = info.get("command", "sim2real experiment transfer")
+    checks = target_checks(run, rows, recovery)
+    target_md = ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {c['target']} | {c['measured']} | "
+        f"{ {True: 'yes', False: '**no**', None: '—'}[c['met']] } |" for c in checks]
     md = [
         "# Transfer experiment results\n",
         f"Reproduce: `{command} --run-dir <new folder>` "
@@ -227,12 +277,15 @@ def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
         "policy was the acting source. Tracking RMS: arm command minus measured position. "
         "Final error: median tool-to-target distance at the end of the episodes. Audit: "
         "`sim2real audit` with the evidence of that step.\n",
+        "\n## Targets (issue 9)\n",
+        "\n".join(target_md) + "\n",
         "\n## Parameter recovery (fit vs the proxy's hidden unit file)\n",
         recovery_markdown(recovery),
         "\nPlots: " + ", ".join(plots) + "\n",
     ]
     (out / "results.md").write_text("\n".join(md))
-    data = {"rows": [r.to_dict() for r in rows], "parameter_recovery": recovery,
+    data = {"rows": [r.to_dict() for r in rows], "targets": checks,
+            "parameter_recovery": recovery,
             "config": info.get("config"), "versions": info.get("versions"),
             "command": command, "plots": plots}
     write_json(out / "results.json", data)
