@@ -18,9 +18,9 @@ from sim2real_ros.proxy.runfolder import RunFolder, read_json, write_json
 # (row label, step, policy, stage with the sim evaluation, its file, stage with the proxy eval,
 #  its file, audit step key)
 ROWS = (
-    ("1-2 nominal sim", "1-2", "nominal", "s1_train", "sim_eval_nominal.json",
+    ("1-2 nominal", "1-2", "nominal", "s1_train", "sim_eval_nominal.json",
      "s2_proxy_gap", "proxy_eval_nominal.json", "step2_nominal"),
-    ("1-2 randomized sim", "1-2", "randomized", "s1_train", "sim_eval_randomized.json",
+    ("1-2 randomized", "1-2", "randomized", "s1_train", "sim_eval_randomized.json",
      "s2_proxy_gap", "proxy_eval_randomized.json", "step2_randomized"),
     ("3 calibrated (sysid)", "3", "calibrated", "s3c_train_calibrated",
      "sim_eval_calibrated.json", "s3d_proxy_calibrated", "proxy_eval_calibrated.json",
