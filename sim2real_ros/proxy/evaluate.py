@@ -154,6 +154,7 @@ def _make_driver_class() -> type:
             self._convert = (joint_state_to_arrays, stamp_to_s, MessageError)
 
         def publish_target(self, target_m: np.ndarray) -> None:
+            """Publish the episode's tool target (base frame)."""
             msg = PointStamped()
             msg.header.stamp = self.get_clock().now().to_msg()
             msg.header.frame_id = BASE_FRAME

@@ -180,10 +180,12 @@ class Progress:
         self.index = 0
 
     def elapsed(self) -> str:
+        """Return 'mm:ss/budget'."""
         s = time.monotonic() - self.t0
         return f"{int(s // 60):02d}:{int(s % 60):02d}/{int(self.budget_s // 60):02d}:00"
 
     def stage(self, name: str, title: str, state: str) -> None:
+        """Print a stage event (run, skip, done, blocked)."""
         self.index += 1 if state in ("run", "skip") else 0
         mark = {"run": ">>", "skip": "ok", "done": "==", "blocked": "!!"}.get(state, "..")
         print(f"[{self.elapsed()}] {mark} stage {self.index}/{self.total} {name}: {title}"
@@ -191,9 +193,11 @@ class Progress:
               file=self.stream, flush=True)
 
     def say(self, text: str) -> None:
+        """Print one indented progress line."""
         print(f"[{self.elapsed()}]    {text}", file=self.stream, flush=True)
 
     def bar(self, total: int, desc: str) -> Any:
+        """Return a tqdm bar on stderr for episodes."""
         from tqdm import tqdm
 
         return tqdm(total=total, desc=f"    {desc}", unit="ep", dynamic_ncols=True,
@@ -220,6 +224,7 @@ class Context:
 
     @property
     def arm(self) -> Any:
+        """The shipped arm model."""
         return load_arm(default_urdf())
 
     def targets(self, purpose: str) -> np.ndarray:
