@@ -33,6 +33,23 @@ from sim2real_ros.ros.env import child_env  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
+_TEST_COUNTER = iter(range(10**9))
+_BASE_DOMAIN = int(os.environ["ROS_DOMAIN_ID"])
+
+
+@pytest.fixture(autouse=True)
+def _own_domain_per_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """Give every test its own DDS domain (1..100, stepping from this run's domain).
+
+    A node a previous test left behind (a process that outlived its test, a late publisher)
+    then cannot reach into this test's graph: each test sees only what it started. Processes
+    started through `child_env` and contexts made by `ros_context` inherit the domain.
+    """
+    domain = 1 + (_BASE_DOMAIN - 1 + next(_TEST_COUNTER)) % 100
+    monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
+    yield domain
+
+
 @pytest.fixture
 def ros_context() -> Iterator[object]:
     """A fresh rclpy context for one test, shut down afterwards."""

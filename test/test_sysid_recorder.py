@@ -109,6 +109,40 @@ def test_recorder_refuses_to_start_without_a_unit_or_over_an_existing_bag(
         _recorder(ros_context, tmp_path)
 
 
+def test_excitation_waits_for_the_command_path_and_aborts_when_it_never_connects(
+        ros_context: object, tmp_path: Path) -> None:
+    rec = _recorder(ros_context, tmp_path, excitation="multisine", duration_s=2.0,
+                    settle_s=0.1, command_path_timeout_s=1.0, joint_states_timeout_s=5.0)
+    src = Node("sysid_test_arm", context=ros_context)
+    ex = SingleThreadedExecutor(context=ros_context)
+    ex.add_node(rec)
+    ex.add_node(src)
+    js = src.create_publisher(JointState, "joint_states", RELIABLE)
+    sent: list[JointState] = []
+    assert spin_until(ex, lambda: js.get_subscription_count() >= 1, 10.0)
+
+    def arm_publishes() -> None:
+        js.publish(arrays_to_joint_state(JOINTS, ns_to_stamp(time.time_ns()),
+                                         position=np.zeros(6), velocity=np.zeros(6)))
+
+    timer = src.create_timer(0.01, arm_publishes)
+    # joint_states flow, but nobody listens to the recorder's commands: it must not start
+    assert not spin_until(ex, lambda: rec.phase != "waiting", 0.6)
+    # and after command_path_timeout_s it gives up with a reason an operator can act on
+    assert spin_until(ex, lambda: rec.phase == "aborted", 5.0), rec.phase
+    assert "no subscriber on /policy/joint_command" in rec.reason
+    assert "safety filter" in rec.reason
+    src.create_subscription(JointState, "policy/joint_command", sent.append, RELIABLE)
+    spin_until(ex, lambda: False, 0.3)
+    assert not sent  # nothing was ever commanded
+    timer.cancel()
+    ex.remove_node(rec)
+    rec.destroy_node()
+    src.destroy_node()
+    info = bags.bag_info(tmp_path / "rt")
+    assert info.status.startswith("aborted: command path not connected")
+
+
 def test_excitation_through_the_graph_records_a_fittable_run(node_processes: object,
                                                              ros_context: object,
                                                              tmp_path: Path) -> None:

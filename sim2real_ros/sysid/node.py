@@ -121,6 +121,10 @@ PARAMS = [
               "excitation, s.", low=0.01, high=10.0),
     ParamSpec("abort_tracking_error_rad", 0.3, "Abort when any joint is this far from its "
               "excitation target, rad.", low=0.01, high=3.0),
+    ParamSpec("command_path_timeout_s", 15.0, "Before exciting, wait this long for the command "
+              "path to connect (a subscriber on policy/joint_command and, when recorded, a "
+              "publisher on forward_position_controller/commands); abort if it does not, s.",
+              low=0.1, high=600.0),
     ParamSpec("diagnostics_period_s", 1.0, "Period of /diagnostics, s.", low=0.05, high=60.0),
 ]
 
@@ -233,6 +237,7 @@ class SysidRecorder(Node):
         self._last_q: np.ndarray | None = None
         self._js_stamps: list[float] = []
         self._started = bool(p["autostart"])
+        self._path_wait_t0: float | None = None
         self._subs: dict[str, Any] = {}
         self._pending: list[tuple[str, str | None]] = []
         for entry in p["topics"]:
@@ -330,7 +335,19 @@ class SysidRecorder(Node):
             return
         if self.phase == "waiting":
             if self._last_q is not None and self._started:
-                self._start_excitation()
+                missing = self._command_path_missing()
+                if not missing:
+                    self._start_excitation()
+                    return
+                if self._path_wait_t0 is None:
+                    self._path_wait_t0 = now
+                waited = now - self._path_wait_t0
+                if waited > float(self.p["command_path_timeout_s"]):
+                    self._abort(f"command path not connected after {waited:.1f} s: {missing} "
+                                "(is the safety filter running?)")
+                    return
+                self.get_logger().info(f"waiting for the command path: {missing}",
+                                       throttle_duration_sec=2.0)
             return
         # joint_states must stay fresh while we command the arm
         assert self._last_js_rx_s is not None
@@ -351,6 +368,27 @@ class SysidRecorder(Node):
             return
         msg = arrays_to_joint_state(self.joints, self._last_js_stamp, position=target)
         self._cmd_pub.publish(msg)
+
+    def _command_path_missing(self) -> str:
+        """Say what of the command path is not connected yet; '' when all of it is.
+
+        Exciting before the path is up would send commands nobody forwards and record a bag
+        whose commands start late: the arm must be listening to us, and the commands the
+        filter sends on must reach the bag.
+        """
+        missing = []
+        me = (self.get_name(), self.get_namespace())
+
+        def others(infos: Any) -> int:  # our own recording subscription does not count
+            return sum(1 for i in infos if (i.node_name, i.node_namespace) != me)
+
+        cmd = self._cmd_pub.topic_name
+        if others(self.get_subscriptions_info_by_topic(cmd)) == 0:
+            missing.append(f"no subscriber on {cmd}")
+        fwd = self.resolve_topic_name("forward_position_controller/commands")
+        if fwd in self._subs and others(self.get_publishers_info_by_topic(fwd)) == 0:
+            missing.append(f"no publisher on {fwd}")
+        return "; ".join(missing)
 
     def _target(self, t: float) -> np.ndarray | None:
         assert self._hold is not None and self._exc is not None
