@@ -38,6 +38,10 @@ def graph_nodes(context: Any, *args: Any, **kwargs: Any) -> list[Node]:
         else:
             # As with `sim2real run`: a node that is not restartable takes the graph down.
             extra.update(on_exit=Shutdown(reason=f"{spec.name} exited"))
+        if spec.nice > 0:
+            # As the runner does: the policy side and observers yield the CPU to the driver
+            # and the safety filter.
+            extra.update(prefix=f"nice -n {spec.nice}")
         nodes.append(Node(
             package=spec.package,
             executable=spec.executable,

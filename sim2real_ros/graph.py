@@ -92,6 +92,14 @@ class NodeSpec:
     # dying tears the whole graph down.
     restartable: bool = False
     role: str = "control"  # driver | control | monitor | adapter
+    # CPU niceness (0..19) the node runs at: the arm-facing path (driver, safety filter,
+    # baseline) keeps 0 so that a busy policy, a policy restart importing torch or an
+    # observer can never starve it of CPU (launch: prefix "nice -n N").
+    nice: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= int(self.nice) <= 19:
+            raise ValueError(f"node {self.name}: nice = {self.nice}, expected 0..19")
 
     def parameter_dict(self) -> dict[str, Any]:
         """Return the parameter overrides as a dict."""
@@ -211,7 +219,7 @@ class Graph:
             parameters=(("use_sim_time", self.backend.use_sim_time),),
             remappings=tuple((s, d) for s, d in node.remappings
                              if s == DRIVER_TOPICS["joint_states"]),
-            restartable=False, role="adapter")
+            restartable=False, role="adapter", nice=node.nice)
         # The first matching remap rule wins, so the contract name is replaced, not appended.
         remaps = [(s, d) for s, d in node.remappings if s != DRIVER_TOPICS["joint_states"]]
         remaps.insert(0, (DRIVER_TOPICS["joint_states"], FAULT_INJECTOR[2]))
@@ -240,6 +248,7 @@ class Graph:
                     "remappings": [list(r) for r in n.remappings],
                     "restartable": n.restartable,
                     "role": n.role,
+                    "nice": n.nice,
                 }
                 for n in self.nodes
             ],
@@ -255,7 +264,13 @@ class _NodeEntry:
     module: str
     role: str
     restartable: bool
+    nice: int = 0
 
+
+# Niceness of the policy side and of observers (see NodeSpec.nice). Under CPU contention a nice-5
+# process gets about a third of the share of a nice-0 one, a nice-10 one about a tenth.
+POLICY_NICE = 5
+MONITOR_NICE = 10
 
 # Start order: the driver first (others wait for joint_states anyway), then the safety filter
 # (deployed before the policy), the fallback, the policy and the observers.
@@ -267,15 +282,17 @@ NODE_TABLE: tuple[_NodeEntry, ...] = (
     # The safety filter falls back to the baseline when the policy stream stops, so a dead
     # policy is survivable and it may be respawned; the safety filter, the baseline and the
     # driver are not.
-    _NodeEntry("policy_node", "policy_node", "sim2real_ros.policy.node", "control", True),
+    _NodeEntry("policy_node", "policy_node", "sim2real_ros.policy.node", "control", True,
+               POLICY_NICE),
     _NodeEntry("task_sequencer", "task_sequencer", "sim2real_ros.policy.task_node", "control",
-               False),
+               False, POLICY_NICE),
     _NodeEntry("shadow_comparator", "shadow_comparator", "sim2real_ros.shadow.node", "monitor",
-               True),
+               True, MONITOR_NICE),
     _NodeEntry("trajectory_adapter", "trajectory_adapter",
                "sim2real_ros.adapters.trajectory_node", "adapter", False),
     # Real backend with a calibration only: is the live arm the calibrated unit?
-    _NodeEntry("unit_check", "unit_check", "sim2real_ros.adapters.unit_node", "monitor", True),
+    _NodeEntry("unit_check", "unit_check", "sim2real_ros.adapters.unit_node", "monitor", True,
+               MONITOR_NICE),
 )
 DRIVER_NODE_NAMES = ("sim_bridge",)
 
@@ -431,6 +448,7 @@ def build_graph(args: GraphArgs = GraphArgs(), backend_path: str | Path | None =
             remappings=tuple(remaps),
             restartable=entry.restartable,
             role=entry.role,
+            nice=entry.nice,
         ))
     return Graph(args=args, backend=backend, nodes=tuple(nodes), calibration_path=calibration)
 
@@ -490,7 +508,7 @@ def _all_nodes_graph() -> Graph:
     extra = tuple(
         NodeSpec(name=e.name, executable=e.executable, module=e.module,
                  parameter_files=(str(node_params_file(e.name)),)
-                 if node_params_file(e.name).is_file() else (), role=e.role)
+                 if node_params_file(e.name).is_file() else (), role=e.role, nice=e.nice)
         for e in NODE_TABLE if e.name not in names
     )
     return replace(sim, nodes=sim.nodes + extra).with_fault_injector("policy_node")

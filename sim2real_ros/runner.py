@@ -139,6 +139,12 @@ class GraphRunner:
         return spec.command(self._override_file(spec), python=self.config.python)
 
     def _spawn(self, spec: NodeSpec) -> subprocess.Popen[bytes]:
+        nice = int(spec.nice)
+
+        def lower_priority() -> None:  # in the child, before exec
+            if nice > 0:
+                os.nice(nice)
+
         popen = subprocess.Popen(
             self.command(spec),
             env=self._env,
@@ -150,6 +156,7 @@ class GraphRunner:
             # Own session: a terminal's Ctrl-C goes to the runner only, which stops the nodes
             # in order instead of all of them racing each other.
             start_new_session=True,
+            preexec_fn=lower_priority if nice > 0 else None,  # noqa: PLW1509 - os.nice only
         )
         return popen  # type: ignore[return-value]
 

@@ -100,6 +100,7 @@ def _node_view(node: Any) -> dict[str, Any]:
         "parameters": overrides,
         "remappings": [list(r) for r in kw["remappings"]],
         "restartable": bool(kw.get("respawn", False)),
+        "nice": int(kw["prefix"].split()[-1]) if "prefix" in kw else 0,
     }
 
 
@@ -120,7 +121,7 @@ def test_launch_file_starts_exactly_the_nodes_parameters_and_remaps_of_graph_py(
     graph = build_graph(GraphArgs(**{**vars(GraphArgs()), **arguments}))
     expected = [
         {k: n[k] for k in ("name", "package", "executable", "parameter_files", "parameters",
-                           "remappings", "restartable")}
+                           "remappings", "restartable", "nice")}
         for n in graph.describe()["nodes"]
     ]
     assert [_node_view(n) for n in nodes] == expected

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,30 @@ def test_a_node_refusing_its_configuration_is_fatal_even_when_restartable() -> N
     assert "time_from_start_s out of range" in text
     assert "refused its configuration (exit code 2)" in text
     assert runner.restarts("adapter_0") == 0
+
+
+@pytest.mark.graph
+def test_each_node_runs_at_its_niceness_so_the_arm_path_outranks_the_policy() -> None:
+    base = _graph((False, False))
+    nodes = (base.nodes[0], replace(base.nodes[1], nice=7))
+    runner = GraphRunner(replace(base, nodes=nodes), out=io.StringIO(),
+                         config=RunnerConfig(grace_s=5.0))
+    runner.start()
+    try:
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, runner.pid("adapter_0")) == own
+        assert os.getpriority(os.PRIO_PROCESS, runner.pid("adapter_1")) == min(own + 7, 19)
+    finally:
+        assert runner.stop()
+
+
+def test_the_shipped_graph_never_lowers_the_arm_facing_nodes() -> None:
+    for backend in ("sim", "real"):
+        graph = build_graph(GraphArgs(backend=backend))
+        nice = {n.name: n.nice for n in graph.nodes}
+        for name in ("sim_bridge", "safety_filter", "baseline_controller",
+                     "trajectory_adapter"):
+            assert nice.get(name, 0) == 0, (backend, name)
+        assert nice["policy_node"] > 0 and nice["shadow_comparator"] > nice["policy_node"]
+    with pytest.raises(ValueError, match="nice = 20, expected 0..19"):
+        NodeSpec(name="x", executable="x", module="x", nice=20)
