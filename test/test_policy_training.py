@@ -120,3 +120,38 @@ def test_bad_training_config_names_the_key() -> None:
 def test_model_spec_round_trips() -> None:
     spec = ModelSpec(24, 6, (32, 16), 4, 6.0)
     assert ModelSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_a_calibration_file_trains_in_the_calibrated_simulator(tmp_path: Path) -> None:
+    import yaml
+
+    from sim2real_ros.policy.env import load_simulator
+
+    cal = tmp_path / "SN-T.yaml"
+    cal.write_text(yaml.safe_dump({
+        "nominal": {"payload_kg": 3.0, "mass_scale": 1.2},
+        "randomization": {"version": 1, "terms": {}},
+    }))
+    spec, nominal = load_simulator(str(cal))
+    assert nominal is not None and nominal.payload_kg == 3.0 and nominal.mass_scale == 1.2
+    assert load_simulator("default")[1] is None and load_simulator("none")[1] is None
+
+    def holding_effort(calibration: object) -> np.ndarray:
+        env = ReachingVecEnv(1, TaskConfig(), spec, seed=2, calibration=calibration)
+        try:
+            assert env.cores[0].nominal.plant.payload_kg == (3.0 if calibration else 0.0)
+            env.reset()
+            for _ in range(30):
+                env.step(np.zeros((1, env.act_dim)))
+            return env.cores[0].plant.state().tau_nm
+        finally:
+            env.close()
+
+    # the heavier calibrated arm needs visibly more torque to hold the same pose
+    calibrated, plain = holding_effort(nominal), holding_effort(None)
+    assert np.abs(calibrated[1]) > 1.2 * np.abs(plain[1])
+    res = train(TrainConfig(n_envs=2, dagger_iterations=1, steps_per_iteration=20,
+                            grad_steps_per_iteration=5, hidden=(16, 16), members=2,
+                            eval_episodes=0, iteration_eval_episodes=0, seed=5,
+                            randomization=str(cal)), progress=False)
+    assert res.policy.metadata["calibrated_nominal"]["payload_kg"] == 3.0

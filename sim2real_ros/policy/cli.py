@@ -119,7 +119,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from sim2real_ros.policy.env import load_spec
+    from sim2real_ros.policy.env import load_simulator
     from sim2real_ros.policy.task import TaskConfig
     from sim2real_ros.policy.train import evaluate_in_sim
 
@@ -127,7 +127,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     reg = _registry(args)
     policy, rec = reg.load(args.version)
     task = TaskConfig.from_dict(policy.task, strict=False)
-    ev = evaluate_in_sim(policy, args.episodes, task, load_spec(args.randomization), args.seed)
+    spec, nominal = load_simulator(args.randomization)
+    ev = evaluate_in_sim(policy, args.episodes, task, spec, args.seed, calibration=nominal)
     print(f"version {rec.version}: success {ev.success_rate:.3f} over {ev.episodes} episodes "
           f"(randomization {args.randomization}, seed {args.seed}); mean time to success "
           f"{ev.mean_steps_to_success * task.dt_s:.2f} s; mean return {ev.mean_return:.2f}")
@@ -218,7 +219,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     t.add_argument("--members", type=int, default=d.members, help="ensemble members")
     t.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden))
     t.add_argument("--randomization", default=d.randomization,
-                   help="'default' (config/randomization.yaml), 'none', or a spec file")
+                   help="'default' (config/randomization.yaml), 'none', a spec file, or a "
+                        "calibration file from `sim2real sysid fit` (trains in the calibrated "
+                        "simulator: its nominal plant and its ranges)")
     t.add_argument("--eval-episodes", type=int, default=d.eval_episodes,
                    help="fresh episodes of the final evaluation (the recorded sim success)")
     t.add_argument("--iteration-eval-episodes", type=int, default=d.iteration_eval_episodes,
@@ -263,7 +266,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c.add_argument("--version", type=int, default=0, help="0 = known-good")
     c.add_argument("--episodes", type=int, default=100)
     c.add_argument("--seed", type=int, default=12345)
-    c.add_argument("--randomization", default="default")
+    c.add_argument("--randomization", default="default",
+                   help="as for train: 'default', 'none', a spec file or a calibration file")
     _add_registry_arg(c)
     c.set_defaults(func=_cmd_eval)
 

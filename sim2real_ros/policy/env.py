@@ -42,6 +42,27 @@ def load_spec(randomization: str | Path | None) -> Any:
     return RandomizationSpec.from_yaml(randomization)
 
 
+def load_simulator(randomization: str | Path | None) -> tuple[Any, Any]:
+    """Return (RandomizationSpec, nominal PlantParams or None) for a training simulator.
+
+    `randomization` is as for `load_spec`, or a calibration file written by
+    `sim2real sysid fit` (it has a `nominal:` section): then the simulator is the calibrated
+    one, its plant at the fitted nominal values and its ranges from the file's
+    `randomization:` section (none there = randomization off), exactly what the sim bridge
+    runs with `calibration_file:=`.
+    """
+    if randomization is None or str(randomization) in ("none", "default"):
+        return load_spec(randomization), None
+    from sim2real_ros.config import load_yaml
+
+    if "nominal" not in load_yaml(randomization):
+        return load_spec(randomization), None
+    from sim2real_ros.sim.randomization import RandomizationSpec, load_calibration
+
+    nominal, spec = load_calibration(randomization)
+    return (spec if spec is not None else RandomizationSpec.disabled()), nominal
+
+
 @dataclass
 class StepResult:
     """What one vectorized step returns (B environments)."""
@@ -66,6 +87,7 @@ class ReachingVecEnv:
         spec: Any = None,
         seed: int = 0,
         physics_dt_s: float = 1e-3,
+        calibration: Any = None,
     ) -> None:
         from sim2real_ros.sim.core import SimCore
 
@@ -77,7 +99,8 @@ class ReachingVecEnv:
         seqs = np.random.SeedSequence(seed).spawn(n_envs)
         self.rngs = [np.random.default_rng(s) for s in seqs]
         self.cores = [
-            SimCore(spec=spec, seed=int(r.integers(2**31)), physics_dt_s=physics_dt_s)
+            SimCore(spec=spec, seed=int(r.integers(2**31)), physics_dt_s=physics_dt_s,
+                    calibration=calibration)
             for r in self.rngs
         ]
         self.arm: ArmModel = self.cores[0].arm

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from sim2real_ros.config import ConfigError
-from sim2real_ros.policy.env import ReachingVecEnv, load_spec
+from sim2real_ros.policy.env import ReachingVecEnv, load_simulator
 from sim2real_ros.policy.model import EnsemblePolicy, ModelSpec, ObsStats
 from sim2real_ros.policy.task import TaskConfig
 
@@ -105,9 +105,14 @@ def evaluate_in_sim(
     spec: Any,
     seed: int,
     n_envs: int = 8,
+    calibration: Any = None,
 ) -> EvalResult:
-    """Run the ensemble-mean policy (or the expert if None) on n fresh seeded episodes."""
-    env = ReachingVecEnv(min(n_envs, max(1, n_episodes)), task, spec, seed=seed)
+    """Run the ensemble-mean policy (or the expert if None) on n fresh seeded episodes.
+
+    `calibration` (PlantParams) puts the simulator's plant at calibrated nominal values.
+    """
+    env = ReachingVecEnv(min(n_envs, max(1, n_episodes)), task, spec, seed=seed,
+                         calibration=calibration)
     try:
         obs = env.reset()
         succ: list[float] = []
@@ -158,9 +163,10 @@ def train(
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     task = TaskConfig.from_dict(cfg.task) if cfg.task else TaskConfig()
-    spec = load_spec(cfg.randomization)
+    # A calibration file trains in the calibrated simulator: its nominal plant and its ranges.
+    spec, nominal = load_simulator(cfg.randomization)
     spec_sha = str(getattr(spec, "sha256", ""))
-    env = ReachingVecEnv(cfg.n_envs, task, spec, seed=cfg.seed)
+    env = ReachingVecEnv(cfg.n_envs, task, spec, seed=cfg.seed, calibration=nominal)
     t_start = time.monotonic()
     history: list[IterationLog] = []
     say = log or (lambda s: None)
@@ -176,7 +182,7 @@ def train(
         if cfg.iteration_eval_episodes:
             # Same episodes every iteration (fixed seed), so the points are comparable.
             ev = evaluate_in_sim(learner, cfg.iteration_eval_episodes, task, spec,
-                                 seed=cfg.seed + 7919)
+                                 seed=cfg.seed + 7919, calibration=nominal)
             row.eval_success, row.eval_return = ev.success_rate, ev.mean_return
         history.append(row)
         line = (f"iter {row.iteration:3d} {row.phase:6s} beta={row.beta:.2f} "
@@ -209,7 +215,8 @@ def train(
             bar.close()
     assert policy is not None
     if cfg.eval_episodes:
-        final = evaluate_in_sim(policy, cfg.eval_episodes, task, spec, seed=cfg.seed + 1_000_003)
+        final = evaluate_in_sim(policy, cfg.eval_episodes, task, spec, seed=cfg.seed + 1_000_003,
+                                calibration=nominal)
         sim_success, mean_steps = final.success_rate, final.mean_steps_to_success
     else:
         sim_success, mean_steps = math.nan, math.nan
@@ -223,6 +230,7 @@ def train(
         "seed": cfg.seed,
         "randomization": cfg.randomization,
         "randomization_sha256": spec_sha,
+        "calibrated_nominal": nominal.to_dict() if nominal is not None else None,
         "sim_success": sim_success,
         "sim_eval_episodes": cfg.eval_episodes,
         "sim_mean_time_to_success_s": mean_steps * task.dt_s,

@@ -17,7 +17,9 @@ class TrainConfig:
     algo: str = "dagger"
     seed: int = 0
     n_envs: int = 16
-    randomization: str = "default"  # 'default' = config/randomization.yaml, 'none', or a path
+    # 'default' = config/randomization.yaml, 'none', a spec file, or a calibration file (then
+    # the calibrated simulator: its nominal plant values and its ranges)
+    randomization: str = "default"
     hidden: tuple[int, ...] = (128, 128)
     members: int = 5
     # imitation
