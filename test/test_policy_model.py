@@ -155,6 +155,37 @@ def test_runner_keeps_the_previous_target_and_bounds_each_step(fitted: tuple) ->
         runner.step(q[:5], np.zeros(5), target)
 
 
+def test_runner_moves_the_executed_command_when_someone_else_drives(fitted: tuple) -> None:
+    pol, _ = fitted
+    runner = PolicyRunner(pol, ARM)
+    q = np.array(CFG.home_rad)
+    target = ARM.tool_position(q) + np.array([0.05, -0.05, 0.05])
+    first = runner.step(q, np.zeros(N), target)
+    # the arm was sent our own target (in flight or passed through): nothing changes
+    runner.executed(first.joint_target_rad)
+    second = runner.step(q, np.zeros(N), target)
+    np.testing.assert_allclose(second.observation[18:24], first.joint_target_rad - q, atol=1e-6)
+    assert runner.adopted == 0
+    # the baseline holds the arm at q (shadow stage, a fallback): the next step moves q, and
+    # the policy sees cmd - q = 0 as in training instead of its own drifting target
+    runner.executed(q)
+    third = runner.step(q, np.zeros(N), target)
+    np.testing.assert_allclose(third.observation[18:24], 0.0, atol=1e-6)
+    assert np.all(np.abs(third.joint_target_rad - q) <= CFG.max_step_rad + 1e-12)
+    assert runner.adopted == 1
+    # a clipped target (the safety filter changed ours) is adopted the same way
+    clipped = third.joint_target_rad + 1e-3
+    runner.executed(clipped)
+    fourth = runner.step(q, np.zeros(N), target)
+    np.testing.assert_allclose(fourth.observation[18:24], clipped - q, atol=1e-6)
+    runner.executed(None)  # none known (stale): back to our own
+    fifth = runner.step(q, np.zeros(N), target)
+    np.testing.assert_allclose(fifth.observation[18:24], fourth.joint_target_rad - q, atol=1e-6)
+    for bad in (q[:5], np.full(N, np.nan)):
+        with pytest.raises(ValueError, match="executed command"):
+            runner.executed(bad)
+
+
 def test_runner_refuses_an_arm_with_other_joints(fitted: tuple) -> None:
     pol, _ = fitted
     other = EnsemblePolicy(pol.spec, pol.stats, pol.task, ["a", "b", "c", "d", "e", "f"],

@@ -18,7 +18,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
 
 from sim2real_ros.config import ConfigError
@@ -28,7 +28,12 @@ from sim2real_ros.policy.registry import PolicyIntegrityError, PolicyRegistry
 from sim2real_ros.policy.task import TaskConfig, in_box
 from sim2real_ros.policy.task_node import TaskSequencer
 from sim2real_ros.robot.model import load_arm
-from sim2real_ros.ros.convert import arrays_to_joint_state, s_to_stamp, stamp_to_ns
+from sim2real_ros.ros.convert import (
+    array_to_multiarray,
+    arrays_to_joint_state,
+    s_to_stamp,
+    stamp_to_ns,
+)
 from sim2real_ros.ros.diagnostics import WARN, status_level, status_values
 from sim2real_ros.ros.qos import LATCHED_QOS, STATE_QOS
 
@@ -147,6 +152,30 @@ def test_commands_carry_the_observation_stamp_and_confidence(ros_context, regist
     # the arm does not move in this test, so the commanded target walks toward the goal
     moved = np.array(probe.commands[-1].position) - HOME
     assert np.linalg.norm(moved) > 0.02
+    node.destroy_node()
+
+
+def test_while_the_baseline_holds_the_arm_the_policy_moves_the_held_command(ros_context,
+                                                                            registry) -> None:
+    node, probe, ex = _setup(ros_context, registry)
+    # The safety filter's output: the baseline holds the arm at HOME (shadow stage).
+    executed = probe.node.create_publisher(Float64MultiArray,
+                                           "forward_position_controller/commands", STATE_QOS)
+    probe.node.create_timer(0.005, lambda: executed.publish(array_to_multiarray(HOME)))
+    target = ARM.tool_position(HOME) + np.array([0.1, 0.05, -0.05])
+    assert _drive(probe, ex, 20.0, target, until=lambda: len(probe.commands) >= 40)
+    # Every proposal is one step from the held command, never a walk of its own (the
+    # previous test shows the walk when nothing else drives).
+    cfg = node.runner.task
+    late = np.array([c.position for c in probe.commands[10:]])
+    assert np.all(np.abs(late - HOME) <= cfg.max_step_rad + 1e-9)
+    assert node.runner.adopted >= 30
+
+    def reported() -> bool:
+        return any(int(status_values(st).get("steps_from_executed_command", 0)) >= 30
+                   for st in probe.policy_status())
+
+    assert spin_until(ex, reported, 3.0)
     node.destroy_node()
 
 

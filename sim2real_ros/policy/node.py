@@ -19,7 +19,7 @@ import numpy as np
 from geometry_msgs.msg import PointStamped, Vector3Stamped, WrenchStamped
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from std_srvs.srv import Trigger
 
 from sim2real_ros.config import ConfigError
@@ -31,6 +31,7 @@ from sim2real_ros.ros.convert import (
     MessageError,
     arrays_to_joint_state,
     joint_state_to_arrays,
+    multiarray_to_array,
     stamp_to_s,
     wrench_to_array,
 )
@@ -58,6 +59,12 @@ PARAMS = [
               "driver to stamp with the node's clock, else the node stays silent). Commands "
               "carry the observation's stamp, so the safety filter can judge latency either way.",
               choices=("stamp", "receipt")),
+    ParamSpec("follow_executed_command", True, "Listen to the command the arm is sent "
+              "(forward_position_controller/commands, after the safety filter) and, when it is "
+              "not one of our own recent targets (baseline driving, a hold, a clip), move that "
+              "one instead of our own: the observation then stays what training showed."),
+    ParamSpec("executed_command_timeout_s", 0.05, "An executed command older than this is "
+              "ignored, s.", low=0.001, high=10.0),
     ParamSpec("diagnostics_period_s", 1.0, "Period of /diagnostics reports, s.",
               low=0.05, high=60.0, read_only=True),
 ]
@@ -117,6 +124,11 @@ class PolicyNode(Node):
         self.create_subscription(PointStamped, "task/target", self._on_target, STATE_QOS)
         self.create_subscription(WrenchStamped, "force_torque_sensor_broadcaster/wrench",
                                  self._on_wrench, STATE_QOS)
+        self._executed: np.ndarray | None = None
+        self._executed_recv_s = -math.inf
+        if self.p["follow_executed_command"]:
+            self.create_subscription(Float64MultiArray, "forward_position_controller/commands",
+                                     self._on_executed, STATE_QOS)
         self.create_service(Trigger, "~/rollback", self._on_rollback)
         self.create_timer(1.0 / float(self.p["rate_hz"]), self._tick)
         self.create_timer(float(self.p["diagnostics_period_s"]), self._publish_diagnostics)
@@ -208,6 +220,20 @@ class PolicyNode(Node):
         self._obs_recv_s = self._now_s()
         self._obs_seq += 1
 
+    def _on_executed(self, msg: Float64MultiArray) -> None:
+        try:
+            cmd = multiarray_to_array(msg, self.arm.n_joints)
+        except MessageError as exc:
+            self._bad_messages += 1
+            self._last_error = f"forward_position_controller/commands: {exc}"
+            return
+        if not np.all(np.isfinite(cmd)):
+            self._bad_messages += 1
+            self._last_error = "forward_position_controller/commands: non-finite values"
+            return
+        self._executed = cmd
+        self._executed_recv_s = self._now_s()
+
     def _on_target(self, msg: PointStamped) -> None:
         p = np.array([msg.point.x, msg.point.y, msg.point.z], dtype=float)
         if not np.all(np.isfinite(p)):
@@ -262,6 +288,9 @@ class PolicyNode(Node):
         if runner.task.include_wrench and wrench is None:
             self._set_state(STATE_NO_STATE)
             return
+        fresh = self._now_s() - self._executed_recv_s <= float(
+            self.p["executed_command_timeout_s"])
+        runner.executed(self._executed if fresh else None)
         t0 = time.perf_counter()
         out = runner.step(self._q, self._qd, self._target, wrench)
         self._infer_s.append(time.perf_counter() - t0)
@@ -316,6 +345,7 @@ class PolicyNode(Node):
             "stale_clock": self.p["stale_clock"],
             "commands_published": self._published,
             "stale_ticks": self._stale_ticks,
+            "steps_from_executed_command": self.runner.adopted,
             "bad_messages": self._bad_messages,
             "last_error": self._last_error,
             "disagreement_rad": self._last_dis,

@@ -3,6 +3,14 @@
 The task's action moves the previous joint target, so running a policy carries one piece of
 state: the last commanded target. `PolicyRunner` keeps it and starts it from the measured
 position after `reset()` (start-up, stale observations, a version switch).
+
+In training the target the policy moves is the one the arm tracks. On a cell it is not always
+the policy's own: in shadow or advisory stage the baseline drives, after a fallback the baseline
+or a hold drives, and the safety filter may clip the policy's target. A policy that kept
+integrating its own target would then see `cmd - q` pinned at its offset limit, an observation
+it never met in training (out of distribution, so the filter keeps falling back). `executed()`
+tells the runner what the arm was actually sent; when that is not one of the runner's own
+recent targets, the next step starts from it.
 """
 
 from __future__ import annotations
@@ -41,6 +49,35 @@ class PolicyRunner:
                 f"{self.arm.joint_names}"
             )
         self.cmd: np.ndarray | None = None
+        self._own: list[np.ndarray] = []  # the last few targets this runner emitted
+        self._executed: np.ndarray | None = None
+        self.adopted = 0  # steps that started from the executed command instead of our own
+
+    # How many of our own targets may be in flight to the arm; how close counts as "ours".
+    OWN_HISTORY = 4
+    SAME_TARGET_RAD = 1e-6
+
+    def executed(self, cmd: np.ndarray | None) -> None:
+        """Note the joint command the arm was last sent (None: none known, or too old)."""
+        if cmd is None:
+            self._executed = None
+            return
+        c = np.asarray(cmd, dtype=float)
+        if c.shape != (self.arm.n_joints,) or not np.all(np.isfinite(c)):
+            raise ValueError(f"executed command {c.tolist()}: expected {self.arm.n_joints} "
+                             "finite joint positions")
+        self._executed = c
+
+    def _base(self, q: np.ndarray) -> np.ndarray:
+        """The target the next action moves: our own, or the arm's if someone else drives."""
+        if self.cmd is None:
+            return q.copy()
+        ex = self._executed
+        if ex is None or any(np.max(np.abs(ex - own)) <= self.SAME_TARGET_RAD
+                             for own in self._own):
+            return self.cmd
+        self.adopted += 1
+        return ex.copy()
 
     @property
     def control_rate_hz(self) -> float:
@@ -50,6 +87,8 @@ class PolicyRunner:
     def reset(self) -> None:
         """Forget the last target; the next step starts from the measured position."""
         self.cmd = None
+        self._own.clear()
+        self._executed = None
 
     def observation(
         self,
@@ -81,11 +120,12 @@ class PolicyRunner:
                 f"expected q, qd of shape ({n},) and target of shape (3,), got "
                 f"{q.shape}, {np.shape(qd)}, {np.shape(target_m)}"
             )
-        if self.cmd is None:
-            self.cmd = q.copy()
+        self.cmd = self._base(q)
         obs = self.observation(q, qd, target_m, wrench)
         out = self.policy.evaluate(obs)
         self.cmd = apply_action(self.task, self.arm, self.cmd, q, out.action[0])
+        self._own.append(self.cmd.copy())
+        del self._own[:-self.OWN_HISTORY]
         return PolicyStep(
             self.cmd.copy(), out.action[0], float(out.disagreement_rad[0]), float(out.ood[0]), obs
         )
