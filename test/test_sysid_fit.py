@@ -61,11 +61,12 @@ def fitted(plant: ArmPlant, hidden: PlantParams) -> Any:
     return fit(runs, opts, plant=plant), runs
 
 
-# Damping is checked to a looser bound than the issue's ±10 %: with the plant's stiff drive
-# (kd ~ 700 N·m·s/rad on the shoulder against 0.8 of joint damping) the tracking error is
-# nearly proportional to velocity, so damping and gain share a long, narrow valley and a short
-# test run does not pin damping down to 10 % (see docs/sysid.md, "Known limits").
-DAMPING_TOLERANCE = 0.6
+# The issue's ±10 % for damping too. It needs the fit to compare each shooting window only after
+# it has settled (FitOptions.settle_s): with the plant's stiff drive (kd ~ 700 N·m·s/rad on the
+# shoulder) the start-state error of a window is a torque transient correlated with the motion,
+# which biased shoulder-pan damping by +35 % when windows were compared from their first sample
+# (see docs/sysid.md, "Known limits").
+DAMPING_TOLERANCE = 0.10
 
 
 @pytest.mark.slow
