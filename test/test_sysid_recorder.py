@@ -171,6 +171,7 @@ def test_excitation_through_the_graph_records_a_fittable_run(node_processes: obj
     run = load_run(tmp_path / "g", JOINTS)
     assert run.unit_serial == "SN-G"
     assert run.metadata["excitation"]["kind"] == "multisine"
-    assert np.ptp(run.cmd, axis=0).min() > 1e-3  # every joint was excited
-    assert np.ptp(run.q, axis=0).min() > 1e-3  # and moved
-    assert 300.0 < 1.0 / run.sample_period_s < 700.0
+    assert np.ptp(run.cmd, axis=0).min() > 1e-3, log  # every joint was excited
+    assert np.ptp(run.q, axis=0).min() > 1e-3, log  # and moved
+    # the bridge's 500 Hz, recorded as it came (a starved host may slow the bridge itself)
+    assert 150.0 < 1.0 / run.sample_period_s < 700.0, (run.sample_period_s, log)
