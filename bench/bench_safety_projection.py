@@ -12,7 +12,8 @@ Arms: the shipped 6-DOF sim2real_arm with config/safety_envelope.yaml, and the 7
 
 Per call: wall time (perf_counter_ns) and thread CPU time (thread_time_ns, which excludes the
 time the OS had the thread descheduled: on a shared machine wall p99 is mostly the scheduler).
-Target: p99 < 20 us for the core.
+Target: p99 < 20 us for the core. The 1-minute load average is recorded before and after the
+run (the machine is shared; read the absolute figures against the naive clamp of the same run).
 
     .venv/bin/python -m bench.bench_safety_projection [--calls 20000]
 
@@ -141,8 +142,9 @@ def main() -> None:
     args = ap.parse_args()
     load = os.getloadavg()[0]
     res = run(args.calls)
-    print(f"projection cost per command ({args.calls} calls per row, 1-min load {load:.1f} on "
-          f"{os.cpu_count()} CPUs)")
+    load_after = os.getloadavg()[0]
+    print(f"projection cost per command ({args.calls} calls per row, 1-min load {load:.1f} before, "
+          f"{load_after:.1f} after, on {os.cpu_count()} CPUs)")
     print(f"{'arm':26s} {'stream':22s} {'wall p50':>9s} {'wall p99':>9s} {'cpu p50':>8s} "
           f"{'cpu p99':>8s} {'x naive':>8s} {'clipped':>8s}")
     for arm, rows in res.items():
@@ -161,6 +163,7 @@ def main() -> None:
     path = RESULTS / "bench_safety_projection.json"
     path.write_text(json.dumps({"calls": args.calls, "period_s": PERIOD_S,
                                 "target_p99_us": TARGET_P99_US, "load_1min": load,
+                                "load_1min_after": load_after,
                                 "cpus": os.cpu_count(), "python": platform.python_version(),
                                 "results": res}, indent=2) + "\n")
     print(f"wrote {path}")

@@ -10,7 +10,7 @@ configuration), which bounds the tool speed a joint velocity can cause.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,17 @@ class ToolKinematics:
             rows = tuple(tuple(float(v) for v in r) for r in rot)
             self._pre.append((pure, rows, (float(t[0, 3]), float(t[1, 3]), float(t[2, 3]))))
         self.static_lever_arms_m = self._static_lever_arms()
+        # The chain from the tip back to the root as flat tuples of floats (one unpacking per
+        # joint in the hot loop): (k, kind, sign, ax, ay, az, pure, r00..r22, tx, ty, tz).
+        self._rev: list[tuple] = []
+        for k in range(self.n_joints - 1, -1, -1):
+            kind, ax, ay, az, sign = self._joints[k]
+            pure, rows, t = self._pre[k]
+            self._rev.append((k, kind, float(sign), ax, ay, az, pure,
+                              *rows[0], *rows[1], *rows[2], *t))
+        # The same computation compiled for this chain (constants and branches resolved).
+        self.fast_tool_position_and_levers: Callable[
+            [Sequence[float], list[float]], tuple[float, float, float]] = self._compile()
 
     def _static_lever_arms(self) -> list[float]:
         """Upper bound, over all configurations, of each joint axis's distance to the tool."""
@@ -81,6 +92,57 @@ class ToolKinematics:
             out.append(1.0 if self._joints[k][0] == _PRISMATIC else r)
         return out
 
+    def _compile(self) -> Callable[[Sequence[float], list[float]], tuple[float, float, float]]:
+        """Generate `tool_position_and_levers` as straight-line code for this chain.
+
+        One statement per operation of the loop in `tool_position_and_levers`, in the same
+        order and with the constants as exact float literals (repr round-trips), so the result
+        is bit for bit the same; only the per-joint branching and tuple unpacking are gone.
+        """
+        f = repr
+        lines = ["def fk(q, out_levers):", f"    x, y, z = {f(self._tip[0])}, {f(self._tip[1])}, "
+                 f"{f(self._tip[2])}"]
+        for (k, kind, sign, ax, ay, az, pure, r00, r01, r02, r10, r11, r12, r20, r21, r22,
+             tx, ty, tz) in self._rev:
+            if kind == _PRISMATIC:
+                lines += [f"    out_levers[{k}] = 1.0", f"    qk = q[{k}]",
+                          f"    x, y, z = x + {f(ax)} * qk, y + {f(ay)} * qk, z + {f(az)} * qk"]
+            else:
+                if kind == _Z:
+                    lines.append(f"    out_levers[{k}] = sqrt(x * x + y * y)")
+                elif kind == _Y:
+                    lines.append(f"    out_levers[{k}] = sqrt(x * x + z * z)")
+                elif kind == _X:
+                    lines.append(f"    out_levers[{k}] = sqrt(y * y + z * z)")
+                else:
+                    lines += [f"    d = x * {f(ax)} + y * {f(ay)} + z * {f(az)}",
+                              f"    out_levers[{k}] = "
+                              "sqrt(max(0.0, x * x + y * y + z * z - d * d))"]
+                lines += [f"    qk = q[{k}]", "    c = cos(qk)", f"    s = sin(qk) * {f(sign)}"]
+                if kind == _Z:
+                    lines.append("    x, y = c * x - s * y, s * x + c * y")
+                elif kind == _Y:
+                    lines.append("    x, z = c * x + s * z, c * z - s * x")
+                elif kind == _X:
+                    lines.append("    y, z = c * y - s * z, s * y + c * z")
+                else:
+                    lines += [f"    d = ({f(ax)} * x + {f(ay)} * y + {f(az)} * z) * (1.0 - c)",
+                              f"    cx, cy, cz = {f(ay)} * z - {f(az)} * y, "
+                              f"{f(az)} * x - {f(ax)} * z, {f(ax)} * y - {f(ay)} * x",
+                              f"    x, y, z = (x * c + cx * s + {f(ax)} * d, "
+                              f"y * c + cy * s + {f(ay)} * d, z * c + cz * s + {f(az)} * d)"]
+            if pure:
+                lines.append(f"    x, y, z = x + {f(tx)}, y + {f(ty)}, z + {f(tz)}")
+            else:
+                lines.append(f"    x, y, z = ("
+                             f"{f(r00)} * x + {f(r01)} * y + {f(r02)} * z + {f(tx)}, "
+                             f"{f(r10)} * x + {f(r11)} * y + {f(r12)} * z + {f(ty)}, "
+                             f"{f(r20)} * x + {f(r21)} * y + {f(r22)} * z + {f(tz)})")
+        lines.append("    return x, y, z")
+        namespace: dict[str, object] = {"sqrt": math.sqrt, "cos": math.cos, "sin": math.sin}
+        exec(compile("\n".join(lines) + "\n", f"<fk {self.arm.name}>", "exec"), namespace)
+        return namespace["fk"]  # type: ignore[return-value]
+
     def tool_position(self, q: Sequence[float]) -> tuple[float, float, float]:
         """Return the tool position (m) in the root frame."""
         x, y, z = self._tip
@@ -92,24 +154,50 @@ class ToolKinematics:
     def tool_position_and_levers(
         self, q: Sequence[float], out_levers: list[float]
     ) -> tuple[float, float, float]:
-        """Return the tool position and fill `out_levers` with each axis's distance to the tool."""
+        """Return the tool position and fill `out_levers` with each axis's distance to the tool.
+
+        The same arithmetic as `tool_position` (bit for bit), with the per-joint move inlined:
+        this runs in the projection's control-loop path.
+        """
         x, y, z = self._tip
-        joints, pre = self._joints, self._pre
-        for k in range(self.n_joints - 1, -1, -1):
-            kind, ax, ay, az, _ = joints[k]
+        sqrt, cos, sin = math.sqrt, math.cos, math.sin
+        for (k, kind, sign, ax, ay, az, pure, r00, r01, r02, r10, r11, r12, r20, r21, r22,
+             tx, ty, tz) in self._rev:
             # (x, y, z) is the tool in joint k's frame, whose origin lies on its axis.
+            qk = q[k]
             if kind == _Z:
-                out_levers[k] = math.sqrt(x * x + y * y)
+                out_levers[k] = sqrt(x * x + y * y)
+                c = cos(qk)
+                s = sin(qk) * sign
+                x, y = c * x - s * y, s * x + c * y
             elif kind == _Y:
-                out_levers[k] = math.sqrt(x * x + z * z)
+                out_levers[k] = sqrt(x * x + z * z)
+                c = cos(qk)
+                s = sin(qk) * sign
+                x, z = c * x + s * z, c * z - s * x
             elif kind == _X:
-                out_levers[k] = math.sqrt(y * y + z * z)
+                out_levers[k] = sqrt(y * y + z * z)
+                c = cos(qk)
+                s = sin(qk) * sign
+                y, z = c * y - s * z, s * y + c * z
             elif kind == _GENERAL:
                 d = x * ax + y * ay + z * az
-                out_levers[k] = math.sqrt(max(0.0, x * x + y * y + z * z - d * d))
+                out_levers[k] = sqrt(max(0.0, x * x + y * y + z * z - d * d))
+                c = cos(qk)
+                s = sin(qk) * sign
+                d = (ax * x + ay * y + az * z) * (1.0 - c)
+                cx, cy, cz = ay * z - az * y, az * x - ax * z, ax * y - ay * x
+                x, y, z = (x * c + cx * s + ax * d, y * c + cy * s + ay * d,
+                           z * c + cz * s + az * d)
             else:
                 out_levers[k] = 1.0
-            x, y, z = _move(joints[k], pre[k], q[k], x, y, z)
+                x, y, z = x + ax * qk, y + ay * qk, z + az * qk
+            if pure:
+                x, y, z = x + tx, y + ty, z + tz
+            else:
+                x, y, z = (r00 * x + r01 * y + r02 * z + tx,
+                           r10 * x + r11 * y + r12 * z + ty,
+                           r20 * x + r21 * y + r22 * z + tz)
         return x, y, z
 
 

@@ -23,7 +23,7 @@ and an event says why. Deterministic: no randomness, no clocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sim2real_ros.robot.model import ArmModel
@@ -42,6 +42,10 @@ _TOL_ABS = 1e-9
 # Differences this small (relative) are float rounding of the state update, not an intervention.
 _SNAP = 1e-13
 _BISECT_STEPS = 10
+# The root search of _viable_jerk stops at the bracket _BISECT_STEPS bisection steps leave
+# or with the good end this close (rad) to the viability boundary.
+_ROOT_WIDTH = 0.5 ** _BISECT_STEPS
+_ROOT_TOL = 1e-12
 _CARTESIAN_STEPS = 3
 # Gains of the recovery cascade, per control period (stable for any dt), and the share of the
 # next derivative's limit its square-root laws may plan with (the rest absorbs the lag).
@@ -195,17 +199,19 @@ def _viable_jerk(jt: _Joint, x: float, v: float, a: float, jd: float, dt: float)
     if up <= 0.0 and low <= 0.0:
         return j
     if up > 0.0:
-        if _violation_up(jt, x, v, a, jlo, dt) > 0.0:
+        f_lo = _violation_up(jt, x, v, a, jlo, dt)
+        if f_lo > 0.0:
             j = jlo
         else:
-            j = _bisect(lambda jj: _violation_up(jt, x, v, a, jj, dt) <= 0.0, jlo, j)
+            j = _root(_violation_up, jt, x, v, a, dt, jlo, f_lo, j, up)
         if _violation_low(jt, x, v, a, j, dt) <= 0.0:
             return j
     else:
-        if _violation_low(jt, x, v, a, jhi, dt) > 0.0:
+        f_hi = _violation_low(jt, x, v, a, jhi, dt)
+        if f_hi > 0.0:
             j = jhi
         else:
-            j = _bisect(lambda jj: _violation_low(jt, x, v, a, jj, dt) <= 0.0, jhi, j)
+            j = _root(_violation_low, jt, x, v, a, dt, jhi, f_hi, j, low)
         if _violation_up(jt, x, v, a, j, dt) <= 0.0:
             return j
     # Both sides cannot be satisfied (a state left non-viable by a scale change): minimise the
@@ -218,6 +224,64 @@ def _viable_jerk(jt: _Joint, x: float, v: float, a: float, jd: float, dt: float)
         else:
             lo_j = mid
     return 0.5 * (lo_j + hi_j)
+
+
+def _root(violation: Callable[[_Joint, float, float, float, float, float], float],
+          jt: _Joint, x: float, v: float, a: float, dt: float,
+          good: float, f_good: float, bad: float, f_bad: float) -> float:
+    """Move from a jerk that satisfies `violation <= 0` towards one that does not.
+
+    Returns the last jerk found with violation <= 0, so the result keeps the joint viable by
+    the same exact test as every other path. It ends, like _BISECT_STEPS bisection steps,
+    with the bracket 2^-_BISECT_STEPS of its start (or the good end's violation within
+    _ROOT_TOL of zero). The violation is monotone in the jerk and mostly smooth and convex,
+    so each trial is the secant through the last two good points (which lands just past the
+    boundary on a convex violation) or else regula falsi on the bracket; a trial within the
+    final width of an end moves to half that width from it, so either outcome can close the
+    bracket; and a bisection step where the violation has a kink (the binding limit changes)
+    and three trials did not halve the bracket, or where only the evaluations bisection would
+    need are left. Typically 3 to 5 evaluations instead of _BISECT_STEPS; at most twice that.
+    """
+    width = (bad - good) * _ROOT_WIDTH
+    if width < 0.0:
+        width = -width
+    prev = f_prev = math.nan  # the good end before the last one, if the good end just moved
+    gap1 = gap2 = gap3 = math.inf  # the bracket one, two and three evaluations ago
+    budget = 2 * _BISECT_STEPS
+    for k in range(budget):
+        gap = bad - good
+        if gap < 0.0:
+            gap = -gap
+        if gap <= width or f_good >= -_ROOT_TOL:
+            break
+        if gap > 0.5 * gap3 or width * 2.0 ** (budget - k - 1) <= gap:
+            # Stalled on a kink, or only the evaluations bisection needs are left: bisect.
+            mid = 0.5 * (good + bad)
+            gap1 = gap2 = gap3 = math.inf
+        else:
+            mid = math.nan
+            if f_prev == f_prev and f_good != f_prev:
+                mid = good - f_good * (good - prev) / (f_good - f_prev)
+            if not (good < mid < bad or bad < mid < good):  # also catches NaN
+                mid = good + (bad - good) * (f_good / (f_good - f_bad))
+            gap3, gap2, gap1 = gap2, gap1, gap
+            # A trial within the final width of an end moves to half that width from it, so
+            # either outcome can close the bracket.
+            step = mid - good
+            if (step if step >= 0.0 else -step) < width:
+                mid = good + 0.5 * width if bad > good else good - 0.5 * width
+            else:
+                step = bad - mid
+                if (step if step >= 0.0 else -step) < width:
+                    mid = bad - 0.5 * width if bad > good else bad + 0.5 * width
+        f_mid = violation(jt, x, v, a, mid, dt)
+        if f_mid <= 0.0:
+            prev, f_prev = good, f_good
+            good, f_good = mid, f_mid
+        else:
+            bad, f_bad = mid, f_mid
+            prev = f_prev = math.nan
+    return good
 
 
 def sqrt_controller(error: float, gain: float, second_order_limit: float, dt: float) -> float:
@@ -238,15 +302,21 @@ def sqrt_controller(error: float, gain: float, second_order_limit: float, dt: fl
     return c if -lim <= c <= lim else (lim if c > 0.0 else -lim)
 
 
-def _bisect(ok: object, good: float, bad: float) -> float:
-    """Move from a jerk that satisfies `ok` towards one that does not; return the last good one."""
-    for _ in range(_BISECT_STEPS):
-        mid = 0.5 * (good + bad)
-        if ok(mid):  # type: ignore[operator]
-            good = mid
-        else:
-            bad = mid
-    return good
+def _regula_falsi(lo: float, lo_s: float, lo_b: float, hi: float, hi_s: float,
+                  hi_b: float) -> float:
+    """Where the linear interpolation of the first constraint margin to cross zero does.
+
+    Two margins (tool speed, box; <= 0 passes) known at the shares lo (passing) and hi:
+    the smallest share in [lo, hi] at which either interpolated margin reaches zero.
+    """
+    share = hi
+    if hi_s > 0.0:
+        share = lo + (hi - lo) * (lo_s / (lo_s - hi_s))
+    if hi_b > 0.0:
+        sb = lo + (hi - lo) * (lo_b / (lo_b - hi_b))
+        if sb < share:
+            share = sb
+    return share
 
 
 def _brake_jerk(jt: _Joint, v: float, a: float, dt: float) -> float:
@@ -291,6 +361,7 @@ class Projector:
         self.dt_min_s = DT_MIN_FRACTION * self.period_s
         self.dt_max_s = DT_MAX_FRACTION * self.period_s
         self.kin = ToolKinematics(arm, envelope.tool_link)
+        self._fk = self.kin.fast_tool_position_and_levers
         self._box_margin = box_margin_m
         self._tool_speed_margin = tool_speed_margin
         self._box_lo = list(envelope.box_min_m)
@@ -312,9 +383,11 @@ class Projector:
         self._exc = [0.0] * self.n
         self._w = [0.0] * self.n
         self._drift = [0.0] * self.n
+        self._jerks = [0.0] * self.n  # scratch: the candidate's jerks of project_position
         # Cache of the last forward kinematics: configuration, tool position, box distance.
         self._fk_q: list[float] | None = None
         self._fk_dist = -math.inf
+        self._last_speed = self._last_tail = 0.0
 
     # -- configuration -------------------------------------------------------------------
     def set_scale(self, scale: float) -> None:
@@ -329,6 +402,10 @@ class Projector:
             for j in self.envelope.joints
         ]
         self.max_tool_speed_m_s = self.envelope.max_tool_speed_m_s * scale
+        self._speed_max = self.max_tool_speed_m_s * (1.0 - self._tool_speed_margin)
+        # Cascade constants per control period (see _cascade_gains).
+        self._gains: list[tuple[float, float, float, float, float, float]] = []
+        self._gains_dt = math.nan
         c = self.envelope.commanded
         self.commanded = ForceLimits(
             c.max_force_n * scale, c.max_torque_nm * scale,
@@ -361,11 +438,14 @@ class Projector:
         if names is None or names is self.joint_names or names == self.joint_names:
             if n != self.n:
                 return f"expected {self.n} values, got {n}"
-            isfinite = math.isfinite
             try:
                 out = [float(v) for v in values]
             except (TypeError, ValueError):
                 return "values are not numbers"
+            total = sum(out)
+            if total - total == 0.0:
+                return out  # all finite (a NaN or infinity, or an overflow, makes this NaN)
+            isfinite = math.isfinite
             for i, val in enumerate(out):
                 if not isfinite(val):
                     return f"non-finite value {val} for {self.joint_names[i]}"
@@ -425,7 +505,10 @@ class Projector:
                          dt_s: float, measured: Sequence[float] | None = None) -> Projection:
         """Project a joint position command (rad); `measured` starts the trajectory if needed."""
         events: list[SafetyEvent] = []
-        dt = self._dt(dt_s, events)
+        if type(dt_s) is float and self.dt_min_s <= dt_s <= self.dt_max_s:
+            dt = dt_s
+        else:
+            dt = self._dt(dt_s, events)
         if not self.initialized and not self.reset(self._measured(measured)):
             return self._uninitialized(POSITION, dt, events)
         req = self.order(names, values)
@@ -436,55 +519,144 @@ class Projector:
         r_prev, r_prev2, synced = self._r_prev, self._r_prev2, self._synced
         n = self.n
         dt2, dt3 = dt * dt, dt * dt * dt
-        jerks, x2, v2, a2 = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
-        for i in range(n):
+        gains = self._gains if dt == self._gains_dt else self._cascade_gains(dt)
+        jerks, x2 = self._jerks, [0.0] * n  # x2 becomes the emitted command
+        w_up, exc, levers = self._w, self._exc, self._levers
+        q0 = self._fk_q
+        certify = q0 is not None
+        speed = tail = 0.0
+        sqrt = math.sqrt
+        # Everything per joint in one pass, with the helpers inlined (bit for bit the same
+        # arithmetic as _request_rates, _track/sqrt_controller, _clearly_viable and the
+        # per-joint bounds of _cartesian_bounds and the certification on the cached kinematics
+        # of _cartesian_check): this is the control-loop path. The joints go from the tip to
+        # the root, the order in which the certification sums the lever arms.
+        for i in range(n - 1, -1, -1):
             jt = joints[i]
             r = req[i]
             xi, vi, ai = x[i], v[i], a[i]
-            jmax, amax = jt.jmax, jt.amax
+            jmax, amax, vmax = jt.jmax, jt.amax, jt.vmax
             # Exact tracking when one admissible jerk lands on the request and leaves the
             # command moving like the request (else the next step could not follow): a stream
             # that respects the envelope passes unchanged. Otherwise a stable cascade catches up.
             j = (r - xi - vi * dt - ai * dt2) / dt3
             an = ai + j * dt
             vn = vi + an * dt
-            if not (-jmax <= j <= jmax and -amax <= an <= amax and -jt.vmax <= vn <= jt.vmax):
-                vr, ar = self._request_rates(i, jt, r, dt)
-                j = self._track(jt, r, vr, ar, xi, vi, ai, dt)
-            elif not synced[i]:
-                vr, ar = self._request_rates(i, jt, r, dt)
-                if not (abs(vn - vr) <= 0.5 * jmax * dt2 and abs(an - ar) <= 0.5 * jmax * dt):
-                    j = self._track(jt, r, vr, ar, xi, vi, ai, dt)
-            # Inline fast path of _viable_jerk: inside the acceleration bounds, far from both
-            # position limits and slow enough that no brake can break one.
+            exact = -jmax <= j <= jmax and -amax <= an <= amax and -vmax <= vn <= vmax
+            if not exact or not synced[i]:
+                # Velocity and acceleration of the request stream (zero after a reset or jump).
+                r1 = r_prev[i]
+                if r1 is None:
+                    vr = ar = 0.0
+                else:
+                    vr = (r - r1) / dt
+                    r2 = r_prev2[i]
+                    ar = 0.0 if r2 is None else (vr - (r1 - r2) / dt) / dt
+                    if not (-vmax <= vr <= vmax and -amax <= ar <= amax):
+                        vr = ar = 0.0
+                if exact:
+                    dv = vn - vr
+                    da = an - ar
+                    exact = ((dv if dv >= 0.0 else -dv) <= 0.5 * jmax * dt2
+                             and (da if da >= 0.0 else -da) <= 0.5 * jmax * dt)
+                if not exact:
+                    # The cascade of _track: position -> velocity -> acceleration.
+                    gp, lin_p, two_lp, gv, lin_v, two_lv = gains[i]
+                    err = r - xi - vr * dt
+                    if err > lin_p:
+                        c = sqrt(two_lp * (err - 0.5 * lin_p))
+                    elif err < -lin_p:
+                        c = -sqrt(two_lp * (-err - 0.5 * lin_p))
+                    else:
+                        c = err * gp
+                    lim = (err if err > 0.0 else -err) / dt
+                    if c > lim:
+                        c = lim
+                    elif c < -lim:
+                        c = -lim
+                    vd = vr + c
+                    if vd > vmax:
+                        vd = vmax
+                    elif vd < -vmax:
+                        vd = -vmax
+                    err = vd - vi - ar * dt
+                    if err > lin_v:
+                        c = sqrt(two_lv * (err - 0.5 * lin_v))
+                    elif err < -lin_v:
+                        c = -sqrt(two_lv * (-err - 0.5 * lin_v))
+                    else:
+                        c = err * gv
+                    lim = (err if err > 0.0 else -err) / dt
+                    if c > lim:
+                        c = lim
+                    elif c < -lim:
+                        c = -lim
+                    ad = ar + c
+                    if ad > amax:
+                        ad = amax
+                    elif ad < -amax:
+                        ad = -amax
+                    j = (ad - ai) / dt
+            # Fast path of _viable_jerk: inside the acceleration bounds, far from both
+            # position limits and slow enough that no brake can break one (_clearly_viable).
             jlo = (-amax - ai) / dt
             jhi = (amax - ai) / dt
             if jlo < -jmax:
                 jlo = -jmax
             if jhi > jmax:
                 jhi = jmax
-            if jlo <= j <= jhi:
-                an = ai + j * dt
-                vn = vi + an * dt
-                xn = xi + vn * dt
-                if not _clearly_viable(jt, xn, vn, an):
-                    j = _viable_jerk(jt, xi, vi, ai, j, dt)
+            viable = False
+            if jlo <= jhi:
+                if j < jlo:
+                    j, exact = jlo, False
+                elif j > jhi:
+                    j, exact = jhi, False
+                if not exact:  # else an, vn above are already those of j
                     an = ai + j * dt
                     vn = vi + an * dt
-                    xn = xi + vn * dt
-            else:
+                xn = xi + vn * dt
+                av = vn if vn >= 0.0 else -vn
+                aa = an if an >= 0.0 else -an
+                w = av + aa * aa * jt.inv_2j
+                e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (
+                    w * jt.inv_2a + jt.a_over_2j)
+                viable = w <= vmax and jt.lo + e <= xn <= jt.hi - e
+            if not viable:
                 j = _viable_jerk(jt, xi, vi, ai, j, dt)
                 an = ai + j * dt
                 vn = vi + an * dt
                 xn = xi + vn * dt
-            jerks[i], a2[i], v2[i], x2[i] = j, an, vn, xn
-            r_prev2[i] = r_prev[i]
-            r_prev[i] = r
-        result = self._finish(POSITION, req, jerks, dt, events, x, x2, v2, a2)
-        out = result.command
-        for i in range(n):
-            synced[i] = abs(out[i] - req[i]) <= _TOL_ABS * (1.0 + abs(req[i]))
-        return result
+                av = vn if vn >= 0.0 else -vn
+                aa = an if an >= 0.0 else -an
+                w = av + aa * aa * jt.inv_2j
+                e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (
+                    w * jt.inv_2a + jt.a_over_2j)
+            # Braking bounds for the Cartesian check (see _cartesian_bounds).
+            step = xn - xi
+            if step < 0.0:
+                step = -step
+            if step > e:
+                e = step
+            exc[i] = e
+            w_up[i] = w
+            if certify:
+                d = xn - q0[i]  # type: ignore[index]
+                if d < 0.0:
+                    d = -d
+                lk = levers[i] + tail
+                speed += lk * w
+                tail += lk * (e + d)
+            jerks[i] = j
+            x2[i] = xn
+        # The request becomes the stream history (`order` made req a fresh list).
+        self._r_prev2, self._r_prev = r_prev, req
+        if certify and speed <= self._speed_max and self._fk_dist - tail >= self._box_margin:
+            reason = None
+        else:
+            reason = self._cartesian_check(x2, cached=False)
+        if reason is None:
+            return self._commit_exact(req, x2, dt, events, synced)
+        return self._cartesian_brake(POSITION, req, jerks, dt, events, x, reason, synced)
 
     def project_velocity(self, names: Sequence[str] | None, values: Sequence[float],
                          dt_s: float, measured: Sequence[float] | None = None) -> Projection:
@@ -562,63 +734,251 @@ class Projector:
         ad = min(max(ad, -jt.amax), jt.amax)
         return (ad - a) / dt
 
+    def _cascade_gains(self, dt: float) -> list[tuple[float, float, float, float, float, float]]:
+        """Per joint, the constants of the two sqrt_controller stages of _track for this dt."""
+        out = []
+        for jt in self.joints:
+            gp, lp = _POS_GAIN / dt, jt.amax * _LIMIT_SHARE
+            gv, lv = _VEL_GAIN / dt, jt.jmax * _LIMIT_SHARE
+            out.append((gp, lp / (gp * gp), 2.0 * lp, gv, lv / (gv * gv), 2.0 * lv))
+        self._gains, self._gains_dt = out, dt
+        return out
+
     def _brake_jerks(self, dt: float, x_base: list[float]) -> list[float]:
         """Per joint, the hardest stop that still keeps the joint's own limits satisfiable."""
-        return [_viable_jerk(jt, x_base[i], self.v[i], self.a[i],
-                             _brake_jerk(jt, self.v[i], self.a[i], dt), dt)
-                for i, jt in enumerate(self.joints)]
+        out = [0.0] * self.n
+        self._brake_into(dt, x_base, out, False)
+        return out
+
+    def _brake_into(self, dt: float, x_base: list[float], out: list[float],
+                    bounds: bool) -> tuple[float, float]:
+        """Fill `out` with the brake jerks; with `bounds`, also return `_trial_bounds(0.0)`.
+
+        `_viable_jerk(_brake_jerk(...))` per joint, with both inlined up to the fast viability
+        test; the exact (slower) viability search runs only where that test is inconclusive.
+        The joints go from the tip to the root, so the tool speed bound and braking travel of
+        the brake (on the cached kinematics, as `_trial_bounds` computes them for share 0)
+        come out of the same pass.
+        """
+        v, a, joints = self.v, self.a, self.joints
+        levers, q0 = self._levers, self._fk_q
+        speed = tail = 0.0
+        for i in range(self.n - 1, -1, -1):
+            jt = joints[i]
+            vi, ai, xi = v[i], a[i], x_base[i]
+            jmax, amax = jt.jmax, jt.amax
+            jlo = (-amax - ai) / dt
+            jhi = (amax - ai) / dt
+            if jlo < -jmax:
+                jlo = -jmax
+            if jhi > jmax:
+                jhi = jmax
+            if jlo > jhi:
+                j = -jmax if ai > 0.0 else jmax
+                viable = False
+            else:
+                # _brake_jerk: settle exactly in two steps when close to rest, else stop hard.
+                if ((vi if vi >= 0.0 else -vi) <= 0.5 * jmax * dt * dt
+                        and (ai if ai >= 0.0 else -ai) <= 0.5 * jmax * dt):
+                    j = (-vi / dt - ai) / dt
+                else:
+                    s = 1.0 if (vi > 0.0 or (vi == 0.0 and ai > 0.0)) else -1.0
+                    vs, as_ = s * vi, s * ai
+                    if as_ < 0.0 and as_ * as_ >= 2.0 * jmax * vs:
+                        jm = as_ * as_ / (2.0 * vs) if vs > 0.0 else jmax
+                    elif as_ <= -amax:
+                        jm = 0.0
+                    else:
+                        jm = -jmax
+                    j = s * (jm if jm < jmax else jmax)
+                if j < jlo:
+                    j = jlo
+                elif j > jhi:
+                    j = jhi
+                an = ai + j * dt
+                vn = vi + an * dt
+                xn = xi + vn * dt
+                av = vn if vn >= 0.0 else -vn
+                aa = an if an >= 0.0 else -an
+                w = av + aa * aa * jt.inv_2j
+                e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (
+                    w * jt.inv_2a + jt.a_over_2j)
+                viable = w <= jt.vmax and jt.lo + e <= xn <= jt.hi - e
+            if not viable:
+                j = _viable_jerk(jt, xi, vi, ai, j, dt)
+                an = ai + j * dt
+                vn = vi + an * dt
+                xn = xi + vn * dt
+                av = vn if vn >= 0.0 else -vn
+                aa = an if an >= 0.0 else -an
+                w = av + aa * aa * jt.inv_2j
+                e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (
+                    w * jt.inv_2a + jt.a_over_2j)
+            out[i] = j
+            if bounds:
+                step = xn - xi
+                if step < 0.0:
+                    step = -step
+                if step > e:
+                    e = step
+                d = xn - q0[i]  # type: ignore[index]
+                if d < 0.0:
+                    d = -d
+                lk = levers[i] + tail
+                speed += lk * w
+                tail += lk * (e + d)
+        return speed, tail
 
     def _finish(self, mode: str, req: list[float], jerks: list[float], dt: float,
                 events: list[SafetyEvent], x_base: list[float], x2: list[float],
                 v2: list[float], a2: list[float]) -> Projection:
         """Check the Cartesian limits for the candidate (x2, v2, a2), commit it or brake."""
-        n = self.n
-        v, a = self.v, self.a
-        reason = self._cartesian_violation(x_base, x2, v2, a2)
-        if reason is None and mode == POSITION:
+        self._cartesian_bounds(x_base, x2, v2, a2)
+        reason = self._cartesian_check(x2)
+        if reason is not None:
+            return self._cartesian_brake(mode, req, jerks, dt, events, x_base, reason)
+        if mode == POSITION:
             return self._commit_exact(req, x2, dt, events)
         # x_base may be the state list itself, which _commit updates in place.
-        x_prev, v_prev, a_prev = list(x_base), list(v), list(a)
-        braking = False
-        if reason is not None:
-            braking = True
-            limit, excess, detail = reason
-            events.append(SafetyEvent(INTERVENTION, limit, "", excess, detail))
-            # Blend from the candidate towards the brake: keep as much of the request as the
-            # Cartesian limits allow (a full brake when nothing else passes).
-            brake = self._brake_jerks(dt, x_base)
-            good, bad = 0.0, 1.0
-            for _ in range(_CARTESIAN_STEPS):
-                mid = 0.5 * (good + bad)
-                trial = [b + mid * (c - b) for b, c in zip(brake, jerks)]
-                for i in range(n):
-                    ai = a[i] + trial[i] * dt
-                    vi = v[i] + ai * dt
-                    a2[i], v2[i] = ai, vi
-                    x2[i] = x_base[i] + vi * dt
-                if self._cartesian_violation(x_base, x2, v2, a2) is None:
-                    good = mid
-                else:
-                    bad = mid
-            jerks = [b + good * (c - b) for b, c in zip(brake, jerks)]
-        out = self._commit(mode, jerks, dt, x_base, None if braking else req)
-        intervened = braking
+        x_prev, v_prev, a_prev = list(x_base), list(self.v), list(self.a)
+        out = self._commit(mode, jerks, dt, x_base, req)
+        intervened = False
         deviation = 0.0
-        for i in range(n):
+        for i in range(self.n):
             d = abs(out[i] - req[i])
             if d > _TOL_ABS * (1.0 + abs(req[i])):
                 intervened = True
                 if d > deviation:
                     deviation = d
-                if not braking:
-                    events.append(self._why(i, req[i], out[i], x_prev[i], v_prev[i],
-                                            a_prev[i], mode, dt))
+                events.append(self._why(i, req[i], out[i], x_prev[i], v_prev[i],
+                                        a_prev[i], mode, dt))
         return Projection(out, mode, dt, accepted=True, intervened=intervened, events=events,
-                          braking=braking, deviation=deviation)
+                          deviation=deviation)
+
+    def _cartesian_brake(self, mode: str, req: list[float], jerks: list[float], dt: float,
+                         events: list[SafetyEvent], x_base: list[float],
+                         reason: tuple[str, float, str],
+                         synced: list[bool] | None = None) -> Projection:
+        """The candidate failed the Cartesian check: blend it towards the brake and commit.
+
+        Keeps as much of the request as the Cartesian limits allow (a full brake when nothing
+        else passes); every joint brakes, so the event names the Cartesian limit, not a joint.
+        With `synced`, also record per joint whether the emitted command is the request.
+        """
+        limit, excess, detail = reason
+        events.append(SafetyEvent(INTERVENTION, limit, "", excess, detail))
+        n = self.n
+        brake = [0.0] * n
+        speed0, tail0 = self._brake_into(dt, x_base, brake, True)
+        share = self._blend_share(brake, jerks, dt, x_base, speed0, tail0)
+        # Apply brake + share * (request - brake) exactly as _trial_bounds evaluated it, keep
+        # the state equal to the finite differences of what is emitted (as in _commit).
+        x, v, a = self.x, self.v, self.a
+        out = [0.0] * n
+        velocity = mode == VELOCITY
+        deviation = 0.0
+        for i in range(n):
+            b = brake[i]
+            ai = a[i] + (b + share * (jerks[i] - b)) * dt
+            vi = v[i] + ai * dt
+            xi = x_base[i] + vi * dt
+            if velocity:
+                out[i] = o = vi
+                x[i] = xi
+                a[i] = (vi - v[i]) / dt
+                v[i] = vi
+            else:
+                out[i] = o = xi
+                vn = (xi - x[i]) / dt
+                a[i] = (vn - v[i]) / dt
+                v[i] = vn
+                x[i] = xi
+            r = req[i]
+            d = o - r
+            if d < 0.0:
+                d = -d
+            beyond = d > _TOL_ABS * (1.0 + (r if r >= 0.0 else -r))
+            if beyond and d > deviation:
+                deviation = d
+            if synced is not None:
+                synced[i] = not beyond
+        # Braking always intervenes; `deviation` is the largest change beyond rounding.
+        return Projection(out, mode, dt, accepted=True, intervened=True, events=events,
+                          braking=True, deviation=deviation)
+
+    def _blend_share(self, brake: list[float], jerks: list[float], dt: float,
+                     x_base: list[float], speed0: float, tail0: float) -> float:
+        """Largest share s found of the request in the jerks brake + s (request - brake) that
+        passes the Cartesian check; 0.0 (the full brake) when none does.
+
+        Called right after the candidate (s = 1) failed the check on the kinematics evaluated
+        at it; each trial share is checked with those lever arms and box distance plus the
+        joint motion since (`_trial_bounds`, the certification of `_cartesian_check`: a valid
+        bound, no further kinematics), so whatever share is returned passed that check. The
+        search is regula falsi on the two constraint margins (tool speed, box) from the brake
+        (s = 0) and the candidate: the margins are close to linear in s, so the first
+        interpolated share usually passes. `speed0`, `tail0`: the bounds of the brake (share
+        0, from `_brake_into`); at most _CARTESIAN_STEPS - 1 further trials.
+        """
+        speed_max, margin, dist = self._speed_max, self._box_margin, self._fk_dist
+        hi_s, hi_b = self._last_speed - speed_max, self._last_tail + margin - dist
+        lo_s, lo_b = speed0 - speed_max, tail0 + margin - dist  # the brake, share 0
+        if lo_s > 0.0 or lo_b > 0.0:
+            return 0.0
+        lo, hi = 0.0, 1.0
+        for _ in range(_CARTESIAN_STEPS - 1):
+            share = _regula_falsi(lo, lo_s, lo_b, hi, hi_s, hi_b)
+            if not lo < share < hi:
+                break
+            speed, tail = self._trial_bounds(share, brake, jerks, dt, x_base)
+            g_s, g_b = speed - speed_max, tail + margin - dist
+            if g_s <= 0.0 and g_b <= 0.0:
+                return share
+            hi, hi_s, hi_b = share, g_s, g_b
+        return lo
+
+    def _trial_bounds(self, share: float, brake: list[float], jerks: list[float], dt: float,
+                      x_base: list[float]) -> tuple[float, float]:
+        """Tool speed bound and braking travel of a blended trial on the cached kinematics.
+
+        The same bounds as the certification in `_cartesian_check` for the state the jerks
+        brake + share * (jerks - brake) lead to (computed exactly as `_commit` applies them).
+        """
+        joints, levers, q0 = self.joints, self._levers, self._fk_q
+        v, a = self.v, self.a
+        assert q0 is not None
+        speed = tail = 0.0
+        for k in range(self.n - 1, -1, -1):
+            jt = joints[k]
+            b = brake[k]
+            ak = a[k] + (b + share * (jerks[k] - b)) * dt
+            vk = v[k] + ak * dt
+            xb = x_base[k]
+            xk = xb + vk * dt
+            av = vk if vk >= 0.0 else -vk
+            aa = ak if ak >= 0.0 else -ak
+            w = av + aa * aa * jt.inv_2j
+            e = av * aa * jt.inv_j + aa * aa * aa * jt.inv_3j2 + w * (
+                w * jt.inv_2a + jt.a_over_2j)
+            step = xk - xb
+            if step < 0.0:
+                step = -step
+            if step > e:
+                e = step
+            d = xk - q0[k]
+            if d < 0.0:
+                d = -d
+            lk = levers[k] + tail
+            speed += lk * w
+            tail += lk * (e + d)
+        return speed, tail
 
     def _commit_exact(self, req: list[float], x2: list[float], dt: float,
-                      events: list[SafetyEvent]) -> Projection:
-        """Commit a position candidate that passed every check (the hot path)."""
+                      events: list[SafetyEvent], synced: list[bool] | None = None) -> Projection:
+        """Commit a position candidate that passed every check (the hot path).
+
+        With `synced`, also record per joint whether the emitted command is the request.
+        """
         x, v, a = self.x, self.v, self.a
         out = x2
         deviation = 0.0
@@ -628,6 +988,7 @@ class Projector:
             xi = x2[i]
             r = req[i]
             d = xi - r if xi > r else r - xi
+            tracked = True
             if d:
                 scale = 1.0 + (r if r > 0.0 else -r)
                 if d <= _SNAP * scale:
@@ -635,9 +996,12 @@ class Projector:
                     xi = out[i] = r
                 elif d > _TOL_ABS * scale:
                     intervened = True
+                    tracked = False
                     why.append((i, x[i], v[i], a[i]))
                     if d > deviation:
                         deviation = d
+            if synced is not None:
+                synced[i] = tracked
             xo, vo = x[i], v[i]
             vn = (xi - xo) / dt
             a[i] = (vn - vo) / dt
@@ -682,28 +1046,18 @@ class Projector:
                 x[i] = xi
         return out
 
-    def _cartesian_violation(self, x1: list[float], x2: list[float], v2: list[float],
-                             a2: list[float]) -> tuple[str, float, str] | None:
-        """Return (limit, excess, detail) if the candidate may leave the box or exceed tool speed.
+    def _cartesian_bounds(self, x1: list[float], x2: list[float], v2: list[float],
+                          a2: list[float]) -> None:
+        """Fill the per-joint braking bounds of the candidate (x2, v2, a2) from x1.
 
-        Both keep a braking reserve. Let E_i bound how far joint i may still travel (its
-        braking distance) and w_i the largest speed it reaches while braking. Rotating joint i
-        by E_i moves the tool by at most L_i * E_i, where L_i is i's lever arm (distance from
-        its axis to the tool) now plus what the joints after it can add while braking:
-        L_k = r_k + sum_{i>k} L_i * E_i, with r_k exact from the kinematics. The tool stays in
-        the box if it is sum_k L_k * E_k inside it, and its speed stays below sum_k L_k * w_k.
-        A first pass reuses the lever arms and box distance of the last kinematics evaluation
-        (adding the joint motion since then to E); only if that cannot certify the candidate
-        are the kinematics evaluated at the candidate.
+        Closed-form upper bounds: w = |v| + a^2/(2J) (the speed reached while the
+        acceleration ramps to zero) and E = the jerk-limited stop from w plus the ramp, at
+        least the step just taken; `drift` is the motion since the cached kinematics.
         """
         joints = self.joints
-        n = self.n
         q0 = self._fk_q
-        speed_max = self.max_tool_speed_m_s * (1.0 - self._tool_speed_margin)
-        exc, w, levers, drift = self._exc, self._w, self._levers, self._drift
-        # Closed-form upper bounds: w = |v| + a^2/(2J) (the speed reached while the
-        # acceleration ramps to zero) and E = the jerk-limited stop from w plus the ramp.
-        for i in range(n):
+        exc, w, drift = self._exc, self._w, self._drift
+        for i in range(self.n):
             jt = joints[i]
             vi = v2[i]
             if vi < 0.0:
@@ -722,8 +1076,29 @@ class Projector:
             if q0 is not None:
                 d = x2[i] - q0[i]
                 drift[i] = d if d > 0.0 else -d
-        if q0 is not None:
+
+    def _cartesian_check(self, x2: list[float],
+                         cached: bool = True) -> tuple[str, float, str] | None:
+        """Check the candidate x2 whose braking bounds `_cartesian_bounds` filled in.
+
+        Both limits keep a braking reserve. Let E_i bound how far joint i may still travel (its
+        braking distance) and w_i the largest speed it reaches while braking. Rotating joint i
+        by E_i moves the tool by at most L_i * E_i, where L_i is i's lever arm (distance from
+        its axis to the tool) now plus what the joints after it can add while braking:
+        L_k = r_k + sum_{i>k} L_i * E_i, with r_k exact from the kinematics. The tool stays in
+        the box if it is sum_k L_k * E_k inside it, and its speed stays below sum_k L_k * w_k.
+        A first pass reuses the lever arms and box distance of the last kinematics evaluation
+        (adding the joint motion since then to E); only if that cannot certify the candidate
+        are the kinematics evaluated at the candidate. A failed check always leaves the
+        kinematics of the candidate cached, with its bounds in `_last_speed`/`_last_tail`.
+        `cached=False`: the caller already tried the first pass.
+        """
+        n = self.n
+        speed_max = self._speed_max
+        exc, w, levers = self._exc, self._w, self._levers
+        if cached and self._fk_q is not None:
             # Certify with the last kinematics: the joints moved `drift` since then.
+            drift = self._drift
             speed = tail = 0.0
             for k in range(n - 1, -1, -1):
                 lk = levers[k] + tail
@@ -731,7 +1106,7 @@ class Projector:
                 tail += lk * (exc[k] + drift[k])
             if speed <= speed_max and self._fk_dist - tail >= self._box_margin:
                 return None
-        px, py, pz = self.kin.tool_position_and_levers(x2, levers)
+        px, py, pz = self._fk(x2, levers)
         lo, hi = self._box_lo, self._box_hi
         dist = min(px - lo[0], hi[0] - px, py - lo[1], hi[1] - py, pz - lo[2], hi[2] - pz)
         self._fk_q = list(x2)
@@ -741,6 +1116,7 @@ class Projector:
             lk = levers[k] + tail
             speed += lk * w[k]
             tail += lk * exc[k]
+        self._last_speed, self._last_tail = speed, tail
         if dist < tail + self._box_margin:
             return ("workspace", tail + self._box_margin - dist,
                     f"tool at ({px:.3f}, {py:.3f}, {pz:.3f}) m is {dist:.4f} m inside the box; "
