@@ -142,8 +142,7 @@ class GraphRunner:
         nice = int(spec.nice)
 
         def lower_priority() -> None:  # in the child, before exec
-            if nice > 0:
-                os.nice(nice)
+            os.nice(nice)
 
         popen = subprocess.Popen(
             self.command(spec),
