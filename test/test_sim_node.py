@@ -134,6 +134,30 @@ def test_bad_commands_are_rejected_counted_and_the_last_valid_one_kept(rig: Any)
     assert abs(probe.last_position()[0]) < 1e-3
 
 
+def test_the_longest_gap_between_commands_is_reported_as_the_arm_saw_it(rig: Any) -> None:
+    _, probe, ex = rig()
+    assert spin_until(ex, lambda: len(probe.states) > 5, 10.0)
+    for _ in range(5):  # a 100 Hz stream ...
+        probe.position.publish(array_to_multiarray(np.zeros(6)))
+        spin_until(ex, lambda: False, 0.01)
+    spin_until(ex, lambda: False, 0.35)  # ... a 350 ms outage ...
+
+    def stream(seconds: float) -> None:  # ... and the stream is back
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            probe.position.publish(array_to_multiarray(np.zeros(6)))
+            spin_until(ex, lambda: False, 0.01)
+
+    stream(0.1)
+    n = len(probe.diag)
+    stream(0.6)  # at least two full 0.2 s report windows of a steady stream
+    assert len(probe.diag) >= n + 2
+    reports = probe.diag[n:]
+    assert max(float(r["command_gap_max_total_s"]) for r in reports) >= 0.35
+    # A window of the steady stream reports its own gaps (loaded host: generous), not the outage.
+    assert min(float(r["command_gap_max_s"]) for r in reports) < 0.2
+
+
 def test_reset_draws_anew_from_the_seed_parameter(rig: Any) -> None:
     bridge, probe, ex = rig(randomize=True, seed=3, unit_id="sim-test")
     assert spin_until(ex, lambda: len(probe.draws) >= 1, 10.0)

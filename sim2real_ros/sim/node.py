@@ -183,17 +183,22 @@ class SimBridge(Node):
             else None
         )
         self.create_subscription(Float64MultiArray, POSITION_TOPIC,
-                                 lambda m: self._on_command("position", m), COMMAND_QOS)
+                                 lambda m, i: self._on_command("position", m, i), COMMAND_QOS)
         self.create_subscription(Float64MultiArray, EFFORT_TOPIC,
-                                 lambda m: self._on_command("effort", m), COMMAND_QOS)
+                                 lambda m, i: self._on_command("effort", m, i), COMMAND_QOS)
         if values["velocity_commands"]:
             self.create_subscription(Float64MultiArray, VELOCITY_TOPIC,
-                                     lambda m: self._on_command("velocity", m), COMMAND_QOS)
+                                     lambda m, i: self._on_command("velocity", m, i), COMMAND_QOS)
         self.create_service(Trigger, "~/reset", self._on_reset)
         self._diag = DiagnosticsPublisher(self)
 
         self._received = 0
         self._rejected = 0
+        # Longest wall-clock gap between valid commands, as the arm saw them: since the last
+        # report (open gaps included) and since start.
+        self._last_cmd_rx: float | None = None  # system time, s
+        self._gap_window_s = 0.0
+        self._gap_total_s = 0.0
         self._last_reject = ""
         self._last_reject_reason = "none"
         self._published = 0
@@ -341,7 +346,8 @@ class SimBridge(Node):
         self._last_reject_reason = why
         self.get_logger().warning(f"command rejected: {why}", throttle_duration_sec=1.0)
 
-    def _on_command(self, mode: str, msg: Float64MultiArray) -> None:
+    def _on_command(self, mode: str, msg: Float64MultiArray,
+                    info: dict[str, Any] | None = None) -> None:
         self._received += 1
         try:
             values = multiarray_to_array(msg, len(self._joints))
@@ -351,6 +357,15 @@ class SimBridge(Node):
         if not np.all(np.isfinite(values)):
             self._reject(f"{mode}: non-finite values {values.tolist()}")
             return
+        # When the middleware received it (system clock), not when this callback ran: a busy
+        # simulator step must not count as a gap in the command stream the arm was sent.
+        rx = info.get("received_timestamp") if info else None
+        now = rx * 1e-9 if rx else time.time()
+        if self._last_cmd_rx is not None:
+            gap = now - self._last_cmd_rx
+            self._gap_window_s = max(self._gap_window_s, gap)
+            self._gap_total_s = max(self._gap_total_s, gap)
+        self._last_cmd_rx = now
         if self._mode == "realtime":
             self._tick_catchup()
         cmd = np.zeros_like(values)
@@ -398,6 +413,9 @@ class SimBridge(Node):
         elif self._overruns:
             level, message = WARN, f"{self._overruns} host stalls longer than max_catchup_s"
         st = self._core.stats
+        open_gap = time.time() - self._last_cmd_rx if self._last_cmd_rx is not None else 0.0
+        gap_window = max(self._gap_window_s, open_gap)
+        self._gap_window_s = 0.0
         values: dict[str, Any] = {
             "unit_id": self._unit_id,
             "clock_mode": self._mode,
@@ -412,6 +430,8 @@ class SimBridge(Node):
             "joint_states_rate_hz": rate,
             "commands_received": self._received,
             "commands_rejected": self._rejected,
+            "command_gap_max_s": gap_window,
+            "command_gap_max_total_s": max(self._gap_total_s, open_gap),
             "last_reject_reason": self._last_reject_reason,
             "commands_lost_in_link": st.commands_dropped,
             "observations_lost_in_link": st.observations_dropped,
