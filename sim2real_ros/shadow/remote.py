@@ -25,6 +25,8 @@ from std_msgs.msg import String
 from sim2real_ros.ros.qos import LATCHED_QOS
 
 STAGE_PARAM = "rollout_stage"
+# How long a latched topic may show no publisher before waiting for it is given up, s.
+DISCOVERY_S = 5.0
 
 
 class RemoteError(RuntimeError):
@@ -118,9 +120,12 @@ class GraphClient:
             deadline = start + timeout_s
             while not got and time.monotonic() < deadline:
                 self.executor.spin_once(timeout_sec=0.05)
-                # Discovery on loopback takes well under this even on a loaded machine; nobody
-                # publishing by then means no message will come: do not sit out the timeout.
-                if time.monotonic() - start > 2.0 and self.node.count_publishers(topic) == 0:
+                # Nobody publishing after DISCOVERY_S means no message will come: do not sit out
+                # the timeout. Discovery on loopback is usually quick, but a lost initial
+                # announcement is repeated only with the next periodic one (Fast DDS: 3 s), so
+                # waiting less than that refuses a live comparator on a loaded machine.
+                if (time.monotonic() - start > DISCOVERY_S
+                        and self.node.count_publishers(topic) == 0):
                     break
         finally:
             self.node.destroy_subscription(sub)
