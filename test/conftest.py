@@ -19,6 +19,7 @@ _RUN_DIR = tempfile.mkdtemp(prefix="sim2real-test-")
 os.environ["SIM2REAL_POLICY_REGISTRY"] = os.path.join(_RUN_DIR, "policies")
 os.environ["SIM2REAL_ROLLOUT_LOG"] = os.path.join(_RUN_DIR, "rollout_log.jsonl")
 
+import itertools  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -33,7 +34,7 @@ from sim2real_ros.ros.env import child_env  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 
-_TEST_COUNTER = iter(range(10**9))
+_TEST_COUNTER = itertools.count()
 _BASE_DOMAIN = int(os.environ["ROS_DOMAIN_ID"])
 
 

@@ -203,17 +203,18 @@ class PolicyNode(Node):
     def _now_s(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
+    def _bad_input(self, why: str) -> None:
+        """Count an unusable input message and keep its reason for the diagnostics."""
+        self._bad_messages += 1
+        self._last_error = why
+
     def _on_joint_state(self, msg: JointState) -> None:
         try:
             arrays = joint_state_to_arrays(msg, self.arm.joint_names)
         except MessageError as exc:
-            self._bad_messages += 1
-            self._last_error = f"joint_states: {exc}"
-            return
+            return self._bad_input(f"joint_states: {exc}")
         if arrays.velocity is None:
-            self._bad_messages += 1
-            self._last_error = "joint_states: no velocities (the policy observes them)"
-            return
+            return self._bad_input("joint_states: no velocities (the policy observes them)")
         self._q, self._qd = arrays.position, arrays.velocity
         self._obs_stamp = msg.header.stamp
         self._obs_stamp_s = stamp_to_s(msg.header.stamp)
@@ -224,22 +225,16 @@ class PolicyNode(Node):
         try:
             cmd = multiarray_to_array(msg, self.arm.n_joints)
         except MessageError as exc:
-            self._bad_messages += 1
-            self._last_error = f"forward_position_controller/commands: {exc}"
-            return
+            return self._bad_input(f"forward_position_controller/commands: {exc}")
         if not np.all(np.isfinite(cmd)):
-            self._bad_messages += 1
-            self._last_error = "forward_position_controller/commands: non-finite values"
-            return
+            return self._bad_input("forward_position_controller/commands: non-finite values")
         self._executed = cmd
         self._executed_recv_s = self._now_s()
 
     def _on_target(self, msg: PointStamped) -> None:
         p = np.array([msg.point.x, msg.point.y, msg.point.z], dtype=float)
         if not np.all(np.isfinite(p)):
-            self._bad_messages += 1
-            self._last_error = f"task/target: non-finite point {p.tolist()}"
-            return
+            return self._bad_input(f"task/target: non-finite point {p.tolist()}")
         self._target = p
 
     def _on_wrench(self, msg: WrenchStamped) -> None:

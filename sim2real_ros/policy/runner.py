@@ -15,6 +15,7 @@ recent targets, the next step starts from it.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,10 @@ class PolicyStep:
 class PolicyRunner:
     """Stateful wrapper: observation in, joint target out, for one arm."""
 
+    # How many of our own targets may be in flight to the arm; how close counts as "ours".
+    OWN_HISTORY = 4
+    SAME_TARGET_RAD = 1e-6
+
     def __init__(self, policy: EnsemblePolicy, arm: ArmModel | None = None) -> None:
         self.policy = policy
         self.task = TaskConfig.from_dict(policy.task, "policy task config", strict=False)
@@ -49,13 +54,10 @@ class PolicyRunner:
                 f"{self.arm.joint_names}"
             )
         self.cmd: np.ndarray | None = None
-        self._own: list[np.ndarray] = []  # the last few targets this runner emitted
+        # the last few targets this runner emitted (any may still be in flight to the arm)
+        self._own: deque[np.ndarray] = deque(maxlen=self.OWN_HISTORY)
         self._executed: np.ndarray | None = None
         self.adopted = 0  # steps that started from the executed command instead of our own
-
-    # How many of our own targets may be in flight to the arm; how close counts as "ours".
-    OWN_HISTORY = 4
-    SAME_TARGET_RAD = 1e-6
 
     def executed(self, cmd: np.ndarray | None) -> None:
         """Note the joint command the arm was last sent (None: none known, or too old)."""
@@ -125,7 +127,6 @@ class PolicyRunner:
         out = self.policy.evaluate(obs)
         self.cmd = apply_action(self.task, self.arm, self.cmd, q, out.action[0])
         self._own.append(self.cmd.copy())
-        del self._own[:-self.OWN_HISTORY]
         return PolicyStep(
             self.cmd.copy(), out.action[0], float(out.disagreement_rad[0]), float(out.ood[0]), obs
         )

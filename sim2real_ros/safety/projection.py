@@ -713,7 +713,11 @@ class Projector:
                           braking=True, deviation=math.inf)
 
     def _request_rates(self, i: int, jt: _Joint, r: float, dt: float) -> tuple[float, float]:
-        """Velocity and acceleration of the request stream (zero after a reset or a jump)."""
+        """Velocity and acceleration of the request stream (zero after a reset or a jump).
+
+        Reference form: `project_position` inlines this (test_safety_projection_fast.py holds
+        the two to the same bits); nothing else calls it.
+        """
         r1, r2 = self._r_prev[i], self._r_prev2[i]
         if r1 is None:
             return 0.0, 0.0
@@ -725,7 +729,11 @@ class Projector:
 
     def _track(self, jt: _Joint, r: float, vr: float, ar: float, x: float, v: float, a: float,
                dt: float) -> float:
-        """Jerk of a stable cascade (position -> velocity -> acceleration) towards a request."""
+        """Jerk of a stable cascade (position -> velocity -> acceleration) towards a request.
+
+        Reference form of the cascade `project_position` inlines (held to the same bits by
+        test_safety_projection_fast.py); nothing else calls it.
+        """
         # The request's own velocity and acceleration are fed forward and the errors are taken
         # after the feed-forward step, so on a tracked stream both errors are zero.
         vd = vr + sqrt_controller(r - x - vr * dt, _POS_GAIN / dt, jt.amax * _LIMIT_SHARE, dt)
