@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED := 1
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt setup.py
+$(STAMP): requirements.txt requirements-dev.txt setup.py $(wildcard sim2real_ros/*/_*.c)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt

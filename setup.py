@@ -5,7 +5,7 @@ from __future__ import annotations
 from glob import glob
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 PACKAGE = "sim2real_ros"
 
@@ -17,6 +17,20 @@ def tree(folder: str) -> list[tuple[str, list[str]]]:
         if Path(f).is_file():
             out.setdefault(str(Path("share", PACKAGE, Path(f).parent)), []).append(f)
     return sorted(out.items())
+
+
+# Compiled hot paths (plain C on the CPython API, no third-party build tools). Each has a pure
+# Python reference implementation that it is tested against (bit for bit: no FMA contraction), and the package falls back to it
+# when the extension is absent, so `optional` lets a machine without a C compiler still install.
+NATIVE = [
+    ("sim2real_ros.sim._servo", "sim2real_ros/sim/_servo.c"),
+    ("sim2real_ros.safety._projection", "sim2real_ros/safety/_projection.c"),
+]
+EXT_MODULES = [
+    Extension(name, [src], extra_compile_args=["-O2", "-std=c11", "-ffp-contract=off"], optional=True)
+    for name, src in NATIVE
+    if Path(src).is_file()
+]
 
 
 setup(
@@ -31,6 +45,7 @@ setup(
         *tree("config"),
         *tree("urdf"),
     ],
+    ext_modules=EXT_MODULES,
     install_requires=["setuptools"],
     zip_safe=False,
     maintainer="sim2real_ros maintainers",
