@@ -20,14 +20,17 @@ def tree(folder: str) -> list[tuple[str, list[str]]]:
 
 
 # Compiled hot paths (plain C on the CPython API, no third-party build tools). Each has a pure
-# Python reference implementation that it is tested against (bit for bit: no FMA contraction), and the package falls back to it
-# when the extension is absent, so `optional` lets a machine without a C compiler still install.
+# Python reference implementation that it is tested against bit for bit (hence no FMA
+# contraction), and the package falls back to it when the extension is absent, so `optional`
+# lets a machine without a C compiler still install.
 NATIVE = [
     ("sim2real_ros.sim._servo", "sim2real_ros/sim/_servo.c"),
     ("sim2real_ros.safety._projection", "sim2real_ros/safety/_projection.c"),
 ]
 EXT_MODULES = [
-    Extension(name, [src], extra_compile_args=["-O2", "-std=c11", "-ffp-contract=off"], optional=True)
+    Extension(
+        name, [src], extra_compile_args=["-O2", "-std=c11", "-ffp-contract=off"], optional=True
+    )
     for name, src in NATIVE
     if Path(src).is_file()
 ]
