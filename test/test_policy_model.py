@@ -16,13 +16,14 @@ from sim2real_ros.policy.task import (
     TaskConfig,
     action_to_step,
     build_observation,
+    resolve_rate_limits,
     sample_configuration,
     sample_reachable_target,
 )
 from sim2real_ros.robot.model import load_arm
 
 ARM = load_arm(default_urdf())
-CFG = TaskConfig()
+CFG = resolve_rate_limits(TaskConfig(), ARM)
 N = ARM.n_joints
 
 
@@ -67,8 +68,9 @@ def test_inference_shapes_for_one_and_many_observations(fitted: tuple) -> None:
     assert many.action.shape == (7, N) and many.member_actions.shape == (5, 7, N)
     assert np.all(np.abs(many.action) <= 1.0)
     np.testing.assert_allclose(many.action, many.member_actions.mean(axis=0), atol=1e-6)
-    with pytest.raises(ValueError, match=r"expected observations of shape \(B, 24\)"):
-        pol.evaluate(np.zeros((2, 23)))
+    d = CFG.obs_dim(N)
+    with pytest.raises(ValueError, match=rf"expected observations of shape \(B, {d}\)"):
+        pol.evaluate(np.zeros((2, d - 1)))
 
 
 def test_normalization_uses_saved_statistics_and_clips(fitted: tuple) -> None:

@@ -18,9 +18,11 @@ from sim2real_ros.policy.expert import IKExpert
 from sim2real_ros.policy.kinematics import BatchKinematics
 from sim2real_ros.policy.task import (
     TaskConfig,
-    apply_action,
+    advance_command,
     build_observation,
+    initial_history,
     is_success,
+    resolve_rate_limits,
     reward,
     sample_episode,
 )
@@ -93,7 +95,6 @@ class ReachingVecEnv:
 
         if n_envs < 1:
             raise ValueError(f"n_envs = {n_envs}: expected >= 1")
-        self.task = task or TaskConfig()
         self.spec = spec
         self.n = n_envs
         seqs = np.random.SeedSequence(seed).spawn(n_envs)
@@ -104,6 +105,7 @@ class ReachingVecEnv:
             for r in self.rngs
         ]
         self.arm: ArmModel = self.cores[0].arm
+        self.task = resolve_rate_limits(task or TaskConfig(), self.arm)
         self.task.validate(n_joints=self.arm.n_joints)
         self.kin = BatchKinematics(self.arm)
         self.expert = IKExpert(self.arm, self.task)
@@ -112,7 +114,7 @@ class ReachingVecEnv:
         self.q_obs = np.zeros((b, n))
         self.qd_obs = np.zeros((b, n))
         self.wrench_obs = np.zeros((b, 6))
-        self.cmd = np.zeros((b, n))
+        self.hist = np.zeros((b, 3, n))  # the last three commands, newest first
         self.target = np.zeros((b, 3))
         self.t = np.zeros(b, dtype=int)
         self.ret = np.zeros(b)
@@ -133,7 +135,7 @@ class ReachingVecEnv:
         q0, target = sample_episode(rng, self.task, self.arm)
         o = self.cores[i].reset(seed=int(rng.integers(2**31)), q0=q0)
         self._take(i, o, fallback_q=q0)
-        self.cmd[i] = self.q_obs[i]
+        self.hist[i] = initial_history(self.q_obs[i])
         self.target[i] = target
         self.t[i] = 0
         self.ret[i] = 0.0
@@ -153,8 +155,8 @@ class ReachingVecEnv:
         """Return the current raw observations (B, D)."""
         tool = self.kin.tool_position(self.q_obs)
         return build_observation(
-            self.task, self.q_obs, self.qd_obs, self.target, tool, self.cmd,
-            self.wrench_obs if self.task.include_wrench else None,
+            self.task, self.q_obs, self.qd_obs, self.target, tool, self.hist[:, 0],
+            self.wrench_obs if self.task.include_wrench else None, self.hist,
         )
 
     def reset(self) -> np.ndarray:
@@ -165,7 +167,7 @@ class ReachingVecEnv:
 
     def expert_actions(self) -> np.ndarray:
         """Return the expert's normalized actions (B, A) for the current observations."""
-        return self.expert.act(self.q_obs, self.target)
+        return self.expert.act(self.q_obs, self.target, self.qd_obs)
 
     def step(self, actions: np.ndarray) -> StepResult:
         """Apply normalized actions (B, A) for one control period."""
@@ -181,9 +183,10 @@ class ReachingVecEnv:
         q_true = np.zeros((b, self.arm.n_joints))
         qd_true = np.zeros_like(q_true)
         for i in range(b):
-            self.cmd[i] = apply_action(cfg, self.arm, self.cmd[i], self.q_obs[i], actions[i])
+            self.hist[i] = advance_command(cfg, self.arm, self.hist[i], self.q_obs[i],
+                                           actions[i])
             core = self.cores[i]
-            core.command("position", self.cmd[i])
+            core.command("position", self.hist[i, 0])
             o = core.advance(cfg.dt_s)
             self._take(i, o)
             st = core.plant.state()

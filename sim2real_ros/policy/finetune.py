@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,12 @@ from sim2real_ros.policy.model import EnsemblePolicy
 from sim2real_ros.policy.task import (
     TaskConfig,
     action_to_step,
-    apply_action,
+    advance_command,
     build_observation,
+    initial_history,
+    resolve_rate_limits,
     sample_episode,
+    step_scale_rad,
     step_to_action,
 )
 from sim2real_ros.robot.model import ArmModel
@@ -169,9 +172,11 @@ def load_trajectories(
             qd = js.velocity[js_idx[k]]
             target = tgt_vals[tgt_idx[k[0]]]
             prev = cmds.values[k - 1]
+            # The command history the policy would have continued from (newest first).
+            hist = np.stack([cmds.values[np.maximum(k - j, 0)] for j in (1, 2, 3)], axis=1)
             tool = np.array([arm.tool_position(qq) for qq in q])
             obs = build_observation(task, q, qd, np.broadcast_to(target, (len(k), 3)), tool,
-                                    prev)
+                                    prev, None, hist)
             out.append(Trajectory(str(p), target.copy(), obs, cmds.values[k] - prev))
     if not out:
         raise FinetuneError(f"no trajectories found in {[str(b) for b in bag_paths]}")
@@ -182,7 +187,8 @@ def _step_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np
     """Per-sample, per-joint error of the policy's step vs the recorded one, rad."""
     task = TaskConfig.from_dict(policy.task, strict=False)
     out = policy.evaluate(obs)
-    label = np.clip(step, -task.max_step_rad, task.max_step_rad)
+    scale = step_scale_rad(task, step.shape[-1])
+    label = np.clip(step, -scale, scale)
     return action_to_step(task, out.action) - label
 
 
@@ -230,10 +236,8 @@ def finetune_last_layer(
     w0, b0 = w.detach().clone(), b.detach().clone()
     with torch.no_grad():
         feats = net.features(child.normalize(torch.as_tensor(xo, dtype=torch.float32)))
-    target = torch.as_tensor(
-        np.clip(xs, -task.max_step_rad, task.max_step_rad) / task.max_step_rad,
-        dtype=torch.float32,
-    )
+    scale = step_scale_rad(task, xs.shape[-1])
+    target = torch.as_tensor(np.clip(xs, -scale, scale) / scale, dtype=torch.float32)
     opt = torch.optim.Adam([w, b], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     n = feats.shape[1]
@@ -309,8 +313,10 @@ def record_teacher_bag(
     rng = np.random.default_rng(seed)
     plant = ArmPlant(params=PlantParams(payload_kg=shift.payload_kg))
     arm = plant.arm
-    slow = TaskConfig.from_dict({**task.to_dict(),
-                                 "max_step_rad": task.max_step_rad * shift.speed_scale})
+    task = resolve_rate_limits(task, arm)
+    slow = replace(task, max_step_rad=task.max_step_rad * shift.speed_scale,
+                   max_velocity_rad_s=tuple(v * shift.speed_scale
+                                            for v in task.max_velocity_rad_s))
     teacher = IKExpert(arm, slow, ExpertGains(k_integral_per_s=shift.k_integral_per_s))
     ts = bagio.typestore()
     point_t = ts.types["geometry_msgs/msg/PointStamped"]
@@ -327,7 +333,7 @@ def record_teacher_bag(
             bag.add_topic(TARGET_TOPIC, "geometry_msgs/msg/PointStamped")
             bag.add_topic(COMMAND_TOPIC, "std_msgs/msg/Float64MultiArray")
             st = plant.reset(np.array(task.home_rad))
-            cmd = st.q.copy()
+            hist = initial_history(st.q)
             for _ in range(n_trajectories):
                 _, target = sample_episode(rng, task, arm)
                 stamp = time_t(sec=t_ns // 1_000_000_000, nanosec=t_ns % 1_000_000_000)
@@ -340,12 +346,12 @@ def record_teacher_bag(
                     bag.write_msg(JOINT_STATES, t_ns,
                                   bagio.joint_state_msg(arm.joint_names, t_ns, st.q, st.qd,
                                                         st.tau_nm))
-                    a = teacher.act(st.q, target)[0]
+                    a = teacher.act(st.q, target, st.qd)[0]
                     # The teacher's step in the slowed task, re-expressed in the policy's task.
                     step = action_to_step(slow, a)
-                    cmd = apply_action(task, arm, cmd, st.q, step_to_action(task, step))
-                    bag.write_msg(COMMAND_TOPIC, t_ns + 100_000, bagio.multiarray_msg(cmd))
-                    plant.set_command("position", cmd)
+                    hist = advance_command(task, arm, hist, st.q, step_to_action(task, step))
+                    bag.write_msg(COMMAND_TOPIC, t_ns + 100_000, bagio.multiarray_msg(hist[0]))
+                    plant.set_command("position", hist[0])
                     st = plant.step(per_ctrl)
     finally:
         plant.close()

@@ -141,15 +141,21 @@ class EnsemblePolicy:
 
             self._net = EnsembleMLP(spec, seed=seed)
         self._set_norm()
+        self._step_scale: np.ndarray | None = None
 
     def _set_norm(self) -> None:
         self._mean32 = self.stats.mean.astype(np.float32)
         self._inv_std32 = (1.0 / self.stats.std).astype(np.float32)
 
     @property
-    def max_step_rad(self) -> float:
-        """Largest joint-target move per control step, rad."""
-        return float(self.task["max_step_rad"])
+    def max_step_rad(self) -> np.ndarray:
+        """Largest joint-target move per control step, rad, per joint (task.step_scale_rad)."""
+        if self._step_scale is None:
+            from sim2real_ros.policy.task import TaskConfig, step_scale_rad
+
+            cfg = TaskConfig.from_dict(self.task, "policy task config", strict=False)
+            self._step_scale = step_scale_rad(cfg, self.spec.act_dim)
+        return self._step_scale
 
     @property
     def net(self) -> EnsembleMLP:

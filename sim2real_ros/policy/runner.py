@@ -1,8 +1,10 @@
 """Run a policy on one arm, one observation at a time (the node, shadow mode, transfer tests).
 
-The task's action moves the previous joint target, so running a policy carries one piece of
-state: the last commanded target. `PolicyRunner` keeps it and starts it from the measured
-position after `reset()` (start-up, stale observations, a version switch).
+The task's action moves the previous joint target, so running a policy carries state: the last
+three commanded targets (the jerk-limited interface continues from the command's velocity and
+acceleration, as the safety filter measures them). `PolicyRunner` keeps them and starts them at
+rest at the measured position after `reset()` (start-up, stale observations, a version
+switch).
 
 In training the target the policy moves is the one the arm tracks. On a cell it is not always
 the policy's own: in shadow or advisory stage the baseline drives, after a fallback the baseline
@@ -10,7 +12,8 @@ or a hold drives, and the safety filter may clip the policy's target. A policy t
 integrating its own target would then see `cmd - q` pinned at its offset limit, an observation
 it never met in training (out of distribution, so the filter keeps falling back). `executed()`
 tells the runner what the arm was actually sent; when that is not one of the runner's own
-recent targets, the next step starts from it.
+recent targets, the next step starts from it (and from the rates of the last executed
+commands).
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import numpy as np
 
 from sim2real_ros.paths import default_urdf
 from sim2real_ros.policy.model import EnsemblePolicy
-from sim2real_ros.policy.task import TaskConfig, apply_action, build_observation
+from sim2real_ros.policy.task import (
+    TaskConfig,
+    advance_command,
+    build_observation,
+    initial_history,
+    resolve_rate_limits,
+)
 from sim2real_ros.robot.model import ArmModel, load_arm
 
 
@@ -46,40 +55,49 @@ class PolicyRunner:
 
     def __init__(self, policy: EnsemblePolicy, arm: ArmModel | None = None) -> None:
         self.policy = policy
-        self.task = TaskConfig.from_dict(policy.task, "policy task config", strict=False)
         self.arm = arm if arm is not None else load_arm(default_urdf())
+        self.task = resolve_rate_limits(
+            TaskConfig.from_dict(policy.task, "policy task config", strict=False), self.arm)
         if list(self.arm.joint_names) != list(policy.joint_names):
             raise ValueError(
                 f"policy was trained for joints {policy.joint_names}, the arm has "
                 f"{self.arm.joint_names}"
             )
         self.cmd: np.ndarray | None = None
+        self.history: np.ndarray | None = None  # last three commands, newest first
         # the last few targets this runner emitted (any may still be in flight to the arm)
         self._own: deque[np.ndarray] = deque(maxlen=self.OWN_HISTORY)
         self._executed: np.ndarray | None = None
+        self._executed_hist: deque[np.ndarray] = deque(maxlen=3)
         self.adopted = 0  # steps that started from the executed command instead of our own
 
     def executed(self, cmd: np.ndarray | None) -> None:
         """Note the joint command the arm was last sent (None: none known, or too old)."""
         if cmd is None:
             self._executed = None
+            self._executed_hist.clear()
             return
         c = np.asarray(cmd, dtype=float)
         if c.shape != (self.arm.n_joints,) or not np.all(np.isfinite(c)):
             raise ValueError(f"executed command {c.tolist()}: expected {self.arm.n_joints} "
                              "finite joint positions")
+        if self._executed is None or np.any(c != self._executed):
+            self._executed_hist.appendleft(c)
         self._executed = c
 
     def _base(self, q: np.ndarray) -> np.ndarray:
-        """The target the next action moves: our own, or the arm's if someone else drives."""
-        if self.cmd is None:
-            return q.copy()
+        """The history the next action continues: ours, or the arm's if someone else drives."""
+        if self.history is None:
+            return initial_history(q)
         ex = self._executed
         if ex is None or any(np.max(np.abs(ex - own)) <= self.SAME_TARGET_RAD
                              for own in self._own):
-            return self.cmd
+            return self.history
         self.adopted += 1
-        return ex.copy()
+        rows = list(self._executed_hist) or [ex]
+        while len(rows) < 3:
+            rows.append(rows[-1])
+        return np.stack(rows[:3])
 
     @property
     def control_rate_hz(self) -> float:
@@ -89,8 +107,10 @@ class PolicyRunner:
     def reset(self) -> None:
         """Forget the last target; the next step starts from the measured position."""
         self.cmd = None
+        self.history = None
         self._own.clear()
         self._executed = None
+        self._executed_hist.clear()
 
     def observation(
         self,
@@ -101,10 +121,10 @@ class PolicyRunner:
     ) -> np.ndarray:
         """Return the raw observation for the current state (does not change the runner)."""
         q = np.asarray(q, dtype=float)
-        cmd = q if self.cmd is None else self.cmd
+        hist = initial_history(q) if self.history is None else self.history
         return build_observation(
             self.task, q, np.asarray(qd, dtype=float), np.asarray(target_m, dtype=float),
-            self.arm.tool_position(q), cmd, wrench,
+            self.arm.tool_position(q), hist[0], wrench, hist,
         )
 
     def step(
@@ -122,10 +142,11 @@ class PolicyRunner:
                 f"expected q, qd of shape ({n},) and target of shape (3,), got "
                 f"{q.shape}, {np.shape(qd)}, {np.shape(target_m)}"
             )
-        self.cmd = self._base(q)
+        self.history = self._base(q)
         obs = self.observation(q, qd, target_m, wrench)
         out = self.policy.evaluate(obs)
-        self.cmd = apply_action(self.task, self.arm, self.cmd, q, out.action[0])
+        self.history = advance_command(self.task, self.arm, self.history, q, out.action[0])
+        self.cmd = self.history[0].copy()
         self._own.append(self.cmd.copy())
         return PolicyStep(
             self.cmd.copy(), out.action[0], float(out.disagreement_rad[0]), float(out.ood[0]), obs

@@ -167,6 +167,7 @@ def train(
     spec, nominal = load_simulator(cfg.randomization)
     spec_sha = str(getattr(spec, "sha256", ""))
     env = ReachingVecEnv(cfg.n_envs, task, spec, seed=cfg.seed, calibration=nominal)
+    task = env.task  # with the command limits resolved: the policy file stores them
     t_start = time.monotonic()
     history: list[IterationLog] = []
     say = log or (lambda s: None)
