@@ -18,11 +18,16 @@ break the acceleration and jerk limits). Wrench commands are clipped per axis an
 commands to the effort limits. Invalid input (NaN, infinities, wrong lengths, unknown or repeated
 joint names, zero/negative/non-finite dt) never raises: the command is rejected, the joints brake,
 and an event says why. Deterministic: no randomness, no clocks.
+
+`Projector.project_position` runs on a C core (`_projection.c`, the same arithmetic bit for bit)
+when the extension is built; this module stays the reference and the fallback. `BACKEND` names
+the default; `native=False` or the environment variable SIM2REAL_SAFETY_PYTHON=1 force Python.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +35,16 @@ from sim2real_ros.robot.model import ArmModel
 from sim2real_ros.safety.envelope import Envelope, ForceLimits
 from sim2real_ros.safety.events import INTERVENTION, INVALID_COMMAND, INVALID_INPUT, SafetyEvent
 from sim2real_ros.safety.kinematics import ToolKinematics
+
+try:  # the C core of project_position (optional build; this module is its reference)
+    from sim2real_ros.safety import _projection as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+NATIVE_AVAILABLE = _native is not None
+# Set to 1 to run every Projector on the Python reference (tests, debugging).
+FORCE_PYTHON_ENV = "SIM2REAL_SAFETY_PYTHON"
+BACKEND = ("native" if NATIVE_AVAILABLE and os.environ.get(FORCE_PYTHON_ENV, "") in ("", "0")
+           else "python")
 
 POSITION, VELOCITY, EFFORT = "position", "velocity", "effort"
 MODES = (POSITION, VELOCITY, EFFORT)
@@ -55,6 +70,10 @@ _LIMIT_SHARE = 0.5
 # Accepted control periods relative to the nominal one; outside, the nominal period is used.
 DT_MIN_FRACTION = 0.5
 DT_MAX_FRACTION = 2.0
+# Limits of _why in the order of the C core's codes.
+_WHY_LIMITS = ("position", "velocity", "acceleration", "jerk", "braking")
+_BRAKING_DETAIL = ("request within the rate limits but not stoppable inside the envelope from "
+                   "where it leads")
 
 
 @dataclass(slots=True)
@@ -342,11 +361,26 @@ def _brake_jerk(jt: _Joint, v: float, a: float, dt: float) -> float:
     return min(max(j, jlo), jhi)
 
 
+def _workspace_detail(px: float, py: float, pz: float, dist: float, tail: float) -> str:
+    return (f"tool at ({px:.3f}, {py:.3f}, {pz:.3f}) m is {dist:.4f} m inside the box; "
+            f"braking may need {tail:.4f} m")
+
+
+def _tool_speed_detail(speed: float, speed_max: float) -> str:
+    return f"tool speed bound {speed:.4f} m/s > {speed_max:.4f} m/s"
+
+
 class Projector:
     """Projects joint, effort and wrench commands into an envelope; keeps the command state."""
 
     def __init__(self, envelope: Envelope, arm: ArmModel, period_s: float, scale: float = 1.0,
-                 box_margin_m: float = 0.002, tool_speed_margin: float = 0.02) -> None:
+                 box_margin_m: float = 0.002, tool_speed_margin: float = 0.02,
+                 native: bool | None = None) -> None:
+        """`native`: None uses `BACKEND`; False the Python reference; True requires the C core."""
+        if native and not NATIVE_AVAILABLE:
+            raise RuntimeError("native=True but sim2real_ros.safety._projection is not built")
+        self._use_native = BACKEND == "native" if native is None else native
+        self._core: object | None = None
         if envelope.joint_names != arm.joint_names:
             raise ValueError(f"envelope joints {envelope.joint_names} != arm joints "
                              f"{arm.joint_names}")
@@ -412,6 +446,25 @@ class Projector:
             tuple(f * scale for f in c.max_force_per_axis_n),  # type: ignore[arg-type]
             tuple(t * scale for t in c.max_torque_per_axis_nm),  # type: ignore[arg-type]
         )
+        self._core = self._native_core() if self._use_native else None
+
+    @property
+    def backend(self) -> str:
+        """Which implementation projects position commands: "native" or "python"."""
+        return "native" if self._core is not None else "python"
+
+    def _native_core(self) -> object | None:
+        """The C core for the current limits, or None (Python path) if it cannot take them."""
+        if _native is None:
+            return None
+        joints = [(jt.lo, jt.hi, jt.env_lo, jt.env_hi, jt.vmax, jt.amax, jt.jmax, jt.inv_j,
+                   jt.inv_2j, jt.inv_3j2, jt.inv_2a, jt.a_over_2j) for jt in self.joints]
+        try:
+            # The chain as ToolKinematics walks it in tool_position_and_levers.
+            return _native.Core(joints, self.kin._rev, self.kin._tip, self._box_lo,
+                                self._box_hi, self._box_margin, self._speed_max)
+        except (TypeError, ValueError):  # e.g. more joints than the core's MAX_JOINTS
+            return None
 
     def reset(self, position: Sequence[float] | None = None) -> bool:
         """Restart the command trajectory at rest at `position` (clamped into the envelope)."""
@@ -515,6 +568,10 @@ class Projector:
         if isinstance(req, str):
             events.append(SafetyEvent(INVALID_COMMAND, "input", "", math.nan, req))
             return self._brake_all(POSITION, dt, events, accepted=False)
+        if self._core is not None:
+            done = self._project_position_native(req, dt, events)
+            if done is not None:
+                return done
         x, v, a, joints = self.x, self.v, self.a, self.joints
         r_prev, r_prev2, synced = self._r_prev, self._r_prev2, self._synced
         n = self.n
@@ -657,6 +714,46 @@ class Projector:
         if reason is None:
             return self._commit_exact(req, x2, dt, events, synced)
         return self._cartesian_brake(POSITION, req, jerks, dt, events, x, reason, synced)
+
+    def _project_position_native(self, req: list[float], dt: float,
+                                 events: list[SafetyEvent]) -> Projection | None:
+        """The rest of `project_position` on the C core; None if the core refused the state.
+
+        The core updates the state lists in place and returns, instead of events, per joint the
+        code and amount of `_why` (or the numbers of the Cartesian event) to build them from.
+        """
+        try:
+            out, status, deviation, fk, info = self._core.project_position(  # type: ignore
+                req, dt, self.x, self.v, self.a, self._r_prev, self._r_prev2, self._synced,
+                self._levers, self._fk_q, self._fk_dist)
+        except (TypeError, ValueError):  # a state list of the wrong type: the Python path
+            return None
+        self._r_prev2, self._r_prev = self._r_prev, req
+        if fk is not None:
+            self._fk_q, self._fk_dist, self._last_speed, self._last_tail = fk
+        if status == 0:
+            if not info:
+                return Projection(out, POSITION, dt, accepted=True, intervened=False,
+                                  events=events, deviation=deviation)
+            names = self.joint_names
+            for i, code, amount in info:
+                if code == 4:
+                    events.append(SafetyEvent(INTERVENTION, "braking", names[i], amount,
+                                              _BRAKING_DETAIL))
+                else:
+                    events.append(SafetyEvent(INTERVENTION, _WHY_LIMITS[code], names[i],
+                                              amount))
+            return Projection(out, POSITION, dt, accepted=True, intervened=True, events=events,
+                              deviation=deviation)
+        code, excess, px, py, pz, dist, tail, speed, speed_max = info
+        if code == 0:
+            events.append(SafetyEvent(INTERVENTION, "workspace", "", excess,
+                                      _workspace_detail(px, py, pz, dist, tail)))
+        else:
+            events.append(SafetyEvent(INTERVENTION, "tool_speed", "", excess,
+                                      _tool_speed_detail(speed, speed_max)))
+        return Projection(out, POSITION, dt, accepted=True, intervened=True, events=events,
+                          braking=True, deviation=deviation)
 
     def project_velocity(self, names: Sequence[str] | None, values: Sequence[float],
                          dt_s: float, measured: Sequence[float] | None = None) -> Projection:
@@ -1127,11 +1224,9 @@ class Projector:
         self._last_speed, self._last_tail = speed, tail
         if dist < tail + self._box_margin:
             return ("workspace", tail + self._box_margin - dist,
-                    f"tool at ({px:.3f}, {py:.3f}, {pz:.3f}) m is {dist:.4f} m inside the box; "
-                    f"braking may need {tail:.4f} m")
+                    _workspace_detail(px, py, pz, dist, tail))
         if speed > speed_max:
-            return ("tool_speed", speed - speed_max,
-                    f"tool speed bound {speed:.4f} m/s > {speed_max:.4f} m/s")
+            return ("tool_speed", speed - speed_max, _tool_speed_detail(speed, speed_max))
         return None
 
     def _why(self, i: int, req: float, out: float, x_prev: float, v_prev: float,
@@ -1155,9 +1250,7 @@ class Projector:
         j_req = (a_req - a_prev) / dt
         if abs(j_req) > jt.jmax:
             return SafetyEvent(INTERVENTION, "jerk", name, abs(j_req) - jt.jmax)
-        return SafetyEvent(INTERVENTION, "braking", name, abs(out - req),
-                           "request within the rate limits but not stoppable inside the "
-                           "envelope from where it leads")
+        return SafetyEvent(INTERVENTION, "braking", name, abs(out - req), _BRAKING_DETAIL)
 
     # -- effort and wrench commands -------------------------------------------------------
     def project_effort(self, names: Sequence[str] | None, values: Sequence[float],
