@@ -1,4 +1,4 @@
-"""Projection cost per command, 6 and 7 joints, against a naive clamp measured in the same run.
+"""Projection cost per command, 6 and 7 joints: the C core, the Python reference, a naive clamp.
 
 Arms: the shipped 6-DOF sim2real_arm with config/safety_envelope.yaml, and the 7-DOF KUKA iiwa
 (pybullet_data/kuka_iiwa/model.urdf) with an envelope derived from its URDF. Streams, 100 Hz:
@@ -6,14 +6,20 @@ Arms: the shipped 6-DOF sim2real_arm with config/safety_envelope.yaml, and the 7
 - `tracking`: a smooth stream inside every limit (a policy that behaves): the hot path, emitted
   bit for bit unchanged;
 - `clipping`: a stream of random far targets (a policy that does not): rate limits, braking
-  reserve and the Cartesian checks all work;
-- baseline `naive_clamp`: per joint, clamp position and velocity (what a minimal wrapper does,
-  without acceleration, jerk, braking or Cartesian limits), plain Python, same streams.
+  reserve and the Cartesian checks all work.
+
+Each stream runs through `Projector.project_position` twice: on the C core (`native`,
+sim2real_ros/safety/_projection.c, what the safety node runs when the extension is built) and
+on the Python reference (`python`, `native=False`); an untimed replay checks that both emit the
+same commands and events bit for bit. Baseline `naive_clamp`: per joint, clamp position and
+velocity (what a minimal wrapper does, without acceleration, jerk, braking or Cartesian limits),
+plain Python, same streams.
 
 Per call: wall time (perf_counter_ns) and thread CPU time (thread_time_ns, which excludes the
 time the OS had the thread descheduled: on a shared machine wall p99 is mostly the scheduler).
-Target: p99 < 20 us for the core. The 1-minute load average is recorded before and after the
-run (the machine is shared; read the absolute figures against the naive clamp of the same run).
+Target: p99 < 20 us for the core (the `native` rows). The 1-minute load average is recorded
+before and after the run (the machine is shared; read the absolute figures against the naive
+clamp of the same run).
 
     .venv/bin/python -m bench.bench_safety_projection [--calls 20000]
 
@@ -37,11 +43,12 @@ import pybullet_data
 from sim2real_ros.paths import default_urdf, share_path
 from sim2real_ros.robot import load_arm
 from sim2real_ros.safety.envelope import Envelope, load_envelope, write_derived_envelope
-from sim2real_ros.safety.projection import Projector
+from sim2real_ros.safety.projection import NATIVE_AVAILABLE, Projector
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PERIOD_S = 0.01
 TARGET_P99_US = 20.0
+BACKENDS = ("native", "python") if NATIVE_AVAILABLE else ("python",)
 
 
 def _streams(env: Envelope, home: np.ndarray, n: int, seed: int) -> dict[str, list[list[float]]]:
@@ -117,22 +124,36 @@ def run(calls: int) -> dict[str, Any]:
         streams = _streams(env, home, calls, seed=1)
         rows: dict[str, Any] = {}
         for name, stream in streams.items():
-            proj = Projector(env, arm, PERIOD_S)
-            proj.reset(list(home))
-            for warm in stream[:200]:
-                proj.project_position(None, warm, PERIOD_S)
-            proj.reset(list(home))
-            interventions = [0]
+            for backend in BACKENDS:
+                proj = Projector(env, arm, PERIOD_S, native=backend == "native")
+                assert proj.backend == backend
+                proj.reset(list(home))
+                for warm in stream[:200]:
+                    proj.project_position(None, warm, PERIOD_S)
+                proj.reset(list(home))
+                interventions = [0]
 
-            def project(cmd: list[float], p: Projector = proj, n: list[int] = interventions
-                        ) -> None:
-                n[0] += p.project_position(None, cmd, PERIOD_S).intervened
+                def project(cmd: list[float], p: Projector = proj, n: list[int] = interventions
+                            ) -> None:
+                    n[0] += p.project_position(None, cmd, PERIOD_S).intervened
 
-            rows[name] = _time(project, stream)
-            rows[name]["intervened_fraction"] = interventions[0] / len(stream)
+                rows[f"{backend}/{name}"] = _time(project, stream)
+                rows[f"{backend}/{name}"]["intervened_fraction"] = interventions[0] / len(stream)
             rows[f"naive_clamp/{name}"] = _time(NaiveClamp(env, home), stream)
+            if "native" in BACKENDS:
+                rows[f"native/{name}"]["identical_to_python"] = _identical(env, arm, home, stream)
         out[label] = rows
     return out
+
+
+def _identical(env: Envelope, arm: Any, home: np.ndarray, stream: list[list[float]]) -> bool:
+    """Whether the C core and the Python reference emit the same results on the stream."""
+    ref = Projector(env, arm, PERIOD_S, native=False)
+    fast = Projector(env, arm, PERIOD_S, native=True)
+    ref.reset(list(home))
+    fast.reset(list(home))
+    return all(ref.project_position(None, cmd, PERIOD_S)
+               == fast.project_position(None, cmd, PERIOD_S) for cmd in stream)
 
 
 def main() -> None:
@@ -143,28 +164,39 @@ def main() -> None:
     load = os.getloadavg()[0]
     res = run(args.calls)
     load_after = os.getloadavg()[0]
-    print(f"projection cost per command ({args.calls} calls per row, 1-min load {load:.1f} before, "
-          f"{load_after:.1f} after, on {os.cpu_count()} CPUs)")
+    print(f"projection cost per command ({args.calls} calls per row, 1-min load {load:.1f} "
+          f"before, {load_after:.1f} after, on {os.cpu_count()} CPUs)")
+    if not NATIVE_AVAILABLE:
+        print("C core not built (sim2real_ros.safety._projection): Python reference only")
     print(f"{'arm':26s} {'stream':22s} {'wall p50':>9s} {'wall p99':>9s} {'cpu p50':>8s} "
           f"{'cpu p99':>8s} {'x naive':>8s} {'clipped':>8s}")
     for arm, rows in res.items():
-        for name, r in rows.items():
-            if name.startswith("naive"):
-                continue
+        for name in ("tracking", "clipping"):
             naive = rows[f"naive_clamp/{name}"]
-            ratio = r["cpu_p50_us"] / max(naive["cpu_p50_us"], 1e-9)
-            print(f"{arm:26s} {name:22s} {r['wall_p50_us']:9.1f} {r['wall_p99_us']:9.1f} "
-                  f"{r['cpu_p50_us']:8.1f} {r['cpu_p99_us']:8.1f} {ratio:8.1f} "
-                  f"{r['intervened_fraction']:8.2f}")
+            for backend in BACKENDS:
+                r = rows[f"{backend}/{name}"]
+                ratio = r["cpu_p50_us"] / max(naive["cpu_p50_us"], 1e-9)
+                print(f"{arm:26s} {backend + '/' + name:22s} {r['wall_p50_us']:9.1f} "
+                      f"{r['wall_p99_us']:9.1f} {r['cpu_p50_us']:8.1f} {r['cpu_p99_us']:8.1f} "
+                      f"{ratio:8.1f} {r['intervened_fraction']:8.2f}")
             print(f"{'':26s} {'naive_clamp/' + name:22s} {naive['wall_p50_us']:9.1f} "
                   f"{naive['wall_p99_us']:9.1f} {naive['cpu_p50_us']:8.1f} "
                   f"{naive['cpu_p99_us']:8.1f}")
+            if "native" in BACKENDS:
+                fast, ref = rows[f"native/{name}"], rows[f"python/{name}"]
+                print(f"{'':26s} {'python / native':22s} "
+                      f"{ref['wall_p50_us'] / fast['wall_p50_us']:8.1f}x "
+                      f"{ref['wall_p99_us'] / fast['wall_p99_us']:8.1f}x "
+                      f"{ref['cpu_p50_us'] / fast['cpu_p50_us']:7.1f}x "
+                      f"{ref['cpu_p99_us'] / fast['cpu_p99_us']:7.1f}x   identical: "
+                      f"{fast['identical_to_python']}")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "bench_safety_projection.json"
     path.write_text(json.dumps({"calls": args.calls, "period_s": PERIOD_S,
                                 "target_p99_us": TARGET_P99_US, "load_1min": load,
                                 "load_1min_after": load_after,
                                 "cpus": os.cpu_count(), "python": platform.python_version(),
+                                "backends": list(BACKENDS),
                                 "results": res}, indent=2) + "\n")
     print(f"wrote {path}")
 
