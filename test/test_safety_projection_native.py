@@ -23,6 +23,8 @@ import numpy as np
 import pybullet_data
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim2real_ros.paths import default_urdf, share_path
 from sim2real_ros.robot import load_arm
@@ -224,6 +226,47 @@ def test_c_core_equals_the_python_reference_bit_for_bit(arm_name: str, attack: s
             COUNTS["compared"] = COUNTS.get("compared", 0) + pair.calls
 
 
+@st.composite
+def _hyp_streams(draw: Any) -> dict[str, Any]:
+    """An arm, a scale, an optional injected state and a short stream of arbitrary commands."""
+    arm_name = draw(st.sampled_from(["sim2real_arm", "kuka_iiwa"]))
+    n = 6 if arm_name == "sim2real_arm" else 7
+    value = st.one_of(st.floats(-4.0, 4.0), st.floats(allow_nan=False, allow_infinity=False),
+                      st.sampled_from([0.0, -0.0, 5e-324, 1e-300, 2.9, -2.9, 3.1, -3.1]))
+    unit = st.one_of(st.sampled_from([-1.0, 0.0, 1.0, 1.0 - 1e-12, -1.0 + 1e-12]),
+                     st.floats(-1.0, 1.0))
+    return {
+        "arm": arm_name,
+        "tight": draw(st.booleans()),
+        "scale": draw(st.sampled_from([1.0, 0.5])),
+        "state": draw(st.none() | st.tuples(*[st.tuples(unit, unit, unit)] * n)),
+        "commands": draw(st.lists(st.tuples(st.lists(value, min_size=n, max_size=n),
+                                            st.floats(0.5 * DT, 2.0 * DT)),
+                                  min_size=1, max_size=60)),
+    }
+
+
+@native
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(_hyp_streams())
+def test_c_core_equals_the_python_reference_on_arbitrary_floats(tmp_path: Path,
+                                                                sc: dict[str, Any]) -> None:
+    """Any finite command (subnormals to 1.8e308) from any state on or inside the limits."""
+    arm, home = _arm(sc["arm"], tmp_path)
+    env = _envelope(arm, home, "tight" if sc["tight"] else "shipped", tmp_path)
+    pair = Pair(env, arm, home, sc["scale"])
+    if sc["state"] is not None:
+        joints = pair.ref.joints
+        pair.inject([jt.lo + 0.5 * (u + 1.0) * (jt.hi - jt.lo) for jt, (u, _, _) in
+                     zip(joints, sc["state"])],
+                    [u * jt.vmax for jt, (_, u, _) in zip(joints, sc["state"])],
+                    [u * jt.amax for jt, (_, _, u) in zip(joints, sc["state"])])
+    for values, dt in sc["commands"]:
+        pair.position(values, dt)
+    COUNTS["compared"] = COUNTS.get("compared", 0) + pair.calls
+
+
 @native
 def test_cartesian_events_and_braking_are_exercised_and_equal(tmp_path: Path) -> None:
     """The tight box must really brake (else the Cartesian half of the core is untested)."""
@@ -291,6 +334,12 @@ def test_c_core_is_built_and_used() -> None:
     assert spy.calls == 10
     proj.set_scale(0.5)  # a new core for the new limits
     assert proj.backend == "native" and proj._core is not spy
+
+
+@native
+def test_c_core_constants_are_the_python_ones() -> None:
+    for name, value in projection._native.CONSTANTS.items():
+        assert getattr(projection, name) == value, name
 
 
 def test_environment_variable_forces_the_python_path() -> None:

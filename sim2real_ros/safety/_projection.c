@@ -14,7 +14,7 @@
 #include <math.h>
 
 #define MAX_JOINTS 32
-/* Constants of projection.py (kept equal by test_safety_projection_native.py). */
+/* Constants of projection.py (CONSTANTS below; test_safety_projection_native.py). */
 #define TOL_ABS 1e-9
 #define SNAP 1e-13
 #define BISECT_STEPS 10
@@ -1120,6 +1120,17 @@ PyMODINIT_FUNC PyInit__projection(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "MAX_JOINTS", MAX_JOINTS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* The constants shared with projection.py, so a test can hold the two equal. */
+    PyObject *consts = Py_BuildValue(
+        "{sdsdsisdsdsisdsdsd}", "_TOL_ABS", TOL_ABS, "_SNAP", SNAP, "_BISECT_STEPS",
+        BISECT_STEPS, "_ROOT_WIDTH", ROOT_WIDTH, "_ROOT_TOL", ROOT_TOL, "_CARTESIAN_STEPS",
+        CARTESIAN_STEPS, "_POS_GAIN", POS_GAIN, "_VEL_GAIN", VEL_GAIN, "_LIMIT_SHARE",
+        LIMIT_SHARE);
+    if (consts == NULL || PyModule_AddObject(m, "CONSTANTS", consts) < 0) {
+        Py_XDECREF(consts);
         Py_DECREF(m);
         return NULL;
     }

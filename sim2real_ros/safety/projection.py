@@ -37,7 +37,7 @@ from sim2real_ros.safety.events import INTERVENTION, INVALID_COMMAND, INVALID_IN
 from sim2real_ros.safety.kinematics import ToolKinematics
 
 try:  # the C core of project_position (optional build; this module is its reference)
-    from sim2real_ros.safety import _projection as _native
+    from sim2real_ros.safety import _projection as _native  # type: ignore
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 NATIVE_AVAILABLE = _native is not None
