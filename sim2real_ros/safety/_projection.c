@@ -154,7 +154,6 @@ static double root(violation_fn violation, const Joint *jt, double x, double v, 
     double prev = NAN, f_prev = NAN;
     double gap1 = INFINITY, gap2 = INFINITY, gap3 = INFINITY;
     const int budget = 2 * BISECT_STEPS;
-    (void)gap1;
     for (int k = 0; k < budget; k++) {
         double gap = bad - good;
         if (gap < 0.0)
