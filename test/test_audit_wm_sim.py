@@ -10,9 +10,11 @@ import torch
 
 from sim2real_ros.audit.sources import world_model_check
 from sim2real_ros.audit.worldmodel import WorldModelConfig
+from sim2real_ros.paths import default_urdf
 from sim2real_ros.policy.model import EnsemblePolicy, ModelSpec, ObsStats
 from sim2real_ros.policy.registry import ENV_VAR, PolicyRegistry
-from sim2real_ros.policy.task import TaskConfig
+from sim2real_ros.policy.task import TaskConfig, resolve_rate_limits
+from sim2real_ros.robot.model import load_arm
 from sim2real_ros.sim.core import SimCore
 from sim2real_ros.sysid.bags import BagWriter, joint_state_msg, multiarray_msg, unit_metadata
 
@@ -52,7 +54,7 @@ def test_world_model_check_runs_the_registry_policy_in_the_calibrated_simulator(
 ) -> None:
     torch.set_num_threads(1)
     bag = record_sim_bag(tmp_path / "run1")
-    task = TaskConfig()
+    task = resolve_rate_limits(TaskConfig(), load_arm(default_urdf()))
     names = ["shoulder_pan_joint", "shoulder_lift_joint", "elbow_joint", "wrist_1_joint",
              "wrist_2_joint", "wrist_3_joint"]
     spec = ModelSpec(obs_dim=task.obs_dim(6), act_dim=6, hidden=(16,), members=2)

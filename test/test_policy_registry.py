@@ -14,14 +14,14 @@ from sim2real_ros.config import ConfigError, file_sha256
 from sim2real_ros.paths import default_urdf
 from sim2real_ros.policy.model import EnsemblePolicy, ModelSpec, ObsStats
 from sim2real_ros.policy.registry import DEFAULT_DIR, PolicyIntegrityError, PolicyRegistry
-from sim2real_ros.policy.task import TaskConfig
+from sim2real_ros.policy.task import TaskConfig, resolve_rate_limits
 from sim2real_ros.robot.model import load_arm
 
 ARM = load_arm(default_urdf())
 
 
 def _policy(seed: int) -> EnsemblePolicy:
-    cfg = TaskConfig()
+    cfg = resolve_rate_limits(TaskConfig(), ARM)
     d = cfg.obs_dim(ARM.n_joints)
     stats = ObsStats(np.zeros(d), np.ones(d), 1)
     return EnsemblePolicy(ModelSpec(d, ARM.n_joints, (16,), members=3), stats, cfg.to_dict(),

@@ -24,8 +24,12 @@ SEED = 1
 
 @pytest.fixture(scope="module")
 def short_run() -> object:
-    """5 BC/DAgger iterations of 8 randomized environments x 80 steps (3200 env steps)."""
-    cfg = TrainConfig(n_envs=8, dagger_iterations=5, steps_per_iteration=80,
+    """6 BC/DAgger iterations of 16 randomized environments x 150 steps (14,400 env steps).
+
+    The jerk-limited action interface needs more data than the old per-step target move:
+    5 x 8 x 80 steps reached 0.375 (the step interface: above 0.6), 6 x 16 x 150 reach 0.94.
+    """
+    cfg = TrainConfig(n_envs=16, dagger_iterations=6, steps_per_iteration=150,
                       grad_steps_per_iteration=400, hidden=(128, 128), members=3,
                       eval_episodes=EVAL_EPISODES, iteration_eval_episodes=0, seed=SEED)
     return train(cfg, progress=False)
@@ -36,7 +40,7 @@ def test_short_training_run_succeeds_far_more_often_than_an_untrained_policy(
     short_run: object,
 ) -> None:
     res = short_run
-    task = TaskConfig()
+    task = TaskConfig.from_dict(res.policy.task)
     untrained = EnsemblePolicy(res.policy.spec, res.policy.stats, task.to_dict(),
                                res.policy.joint_names, seed=99)
     # The trainer's own evaluation ran EVAL_EPISODES fresh episodes from this seed; the
@@ -54,17 +58,17 @@ def test_training_logs_return_and_success_every_iteration_and_records_its_config
     short_run: object, tmp_path: Path,
 ) -> None:
     res = short_run
-    assert [h.iteration for h in res.history] == [0, 1, 2, 3, 4]
-    assert [h.phase for h in res.history] == ["bc"] + ["dagger"] * 4
+    assert [h.iteration for h in res.history] == [0, 1, 2, 3, 4, 5]
+    assert [h.phase for h in res.history] == ["bc"] + ["dagger"] * 5
     assert all(h.episodes > 0 and math.isfinite(h.mean_return) for h in res.history)
-    assert res.history[1].beta == 0.5 and res.history[-1].env_steps == 5 * 8 * 80
+    assert res.history[1].beta == 0.5 and res.history[-1].env_steps == 6 * 16 * 150
     meta = res.policy.metadata
-    assert meta["seed"] == SEED and meta["train_config"]["dagger_iterations"] == 5
+    assert meta["seed"] == SEED and meta["train_config"]["dagger_iterations"] == 6
     assert meta["randomization_sha256"] == load_spec("default").sha256
     paths = write_run(res, tmp_path / "run")
     png = paths["curve"].read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-    assert len(json.loads(paths["history"].read_text())) == 5
+    assert len(json.loads(paths["history"].read_text())) == 6
     reg = PolicyRegistry(tmp_path / "reg", init_from_default=False)
     rec = reg.add(res.policy)
     assert reg.record(rec.version).metadata["sim_success"] == res.sim_success

@@ -141,7 +141,17 @@ class EnsemblePolicy:
 
             self._net = EnsembleMLP(spec, seed=seed)
         self._set_norm()
-        self._step_scale: np.ndarray | None = None
+        from sim2real_ros.policy.task import TaskConfig, step_scale_rad
+
+        cfg = TaskConfig.from_dict(self.task, "policy task config", strict=False)
+        if cfg.jerk_limited and len(cfg.max_velocity_rad_s) != spec.act_dim:
+            raise ValueError(
+                f"policy task config: action_interface 'jerk_limited' needs "
+                f"max_velocity_rad_s/max_acceleration_rad_s2/max_jerk_rad_s3 with "
+                f"{spec.act_dim} values each, got {len(cfg.max_velocity_rad_s)}; build the "
+                f"task with resolve_rate_limits(TaskConfig(...), arm)"
+            )
+        self._step_scale = step_scale_rad(cfg, spec.act_dim)
 
     def _set_norm(self) -> None:
         self._mean32 = self.stats.mean.astype(np.float32)
@@ -150,11 +160,6 @@ class EnsemblePolicy:
     @property
     def max_step_rad(self) -> np.ndarray:
         """Largest joint-target move per control step, rad, per joint (task.step_scale_rad)."""
-        if self._step_scale is None:
-            from sim2real_ros.policy.task import TaskConfig, step_scale_rad
-
-            cfg = TaskConfig.from_dict(self.task, "policy task config", strict=False)
-            self._step_scale = step_scale_rad(cfg, self.spec.act_dim)
         return self._step_scale
 
     @property
