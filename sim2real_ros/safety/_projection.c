@@ -601,6 +601,24 @@ static double item_float(PyObject *seq, Py_ssize_t i, int *err)
     return v;
 }
 
+/* Read row `i` of `seq` as exactly `width` floats into `out`; -1 with an exception if not. */
+static int read_row(PyObject *seq, Py_ssize_t i, int width, double *out, const char *what)
+{
+    PyObject *row = PySequence_GetItem(seq, i);
+    if (row == NULL)
+        return -1;
+    if (PySequence_Size(row) != width) {
+        Py_DECREF(row);
+        PyErr_SetString(PyExc_ValueError, what);
+        return -1;
+    }
+    int err = 0;
+    for (int k = 0; k < width; k++)
+        out[k] = item_float(row, k, &err);
+    Py_DECREF(row);
+    return err ? -1 : 0;
+}
+
 /* Core(joints, chain, tip, box_lo, box_hi, box_margin, speed_max)
  *
  * joints: per joint (lo, hi, env_lo, env_hi, vmax, amax, jmax, inv_j, inv_2j, inv_3j2,
@@ -629,19 +647,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kwds)
     int err = 0;
     self->n = (int)n;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PySequence_GetItem(joints, i);
-        if (row == NULL)
-            return -1;
-        if (PySequence_Size(row) != 12) {
-            Py_DECREF(row);
-            PyErr_SetString(PyExc_ValueError, "a joint row has 12 numbers");
-            return -1;
-        }
         double f[12];
-        for (int k = 0; k < 12; k++)
-            f[k] = item_float(row, k, &err);
-        Py_DECREF(row);
-        if (err)
+        if (read_row(joints, i, 12, f, "a joint row has 12 numbers") < 0)
             return -1;
         Joint *jt = &self->j[i];
         jt->lo = f[0];
@@ -658,19 +665,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kwds)
         jt->a_over_2j = f[11];
     }
     for (Py_ssize_t m = 0; m < n; m++) {
-        PyObject *row = PySequence_GetItem(chain, m);
-        if (row == NULL)
-            return -1;
-        if (PySequence_Size(row) != 19) {
-            Py_DECREF(row);
-            PyErr_SetString(PyExc_ValueError, "a chain row has 19 entries");
-            return -1;
-        }
         double f[19];
-        for (int k = 0; k < 19; k++)
-            f[k] = item_float(row, k, &err);
-        Py_DECREF(row);
-        if (err)
+        if (read_row(chain, m, 19, f, "a chain row has 19 entries") < 0)
             return -1;
         Link *l = &self->chain[m];
         l->k = (int)f[0];
