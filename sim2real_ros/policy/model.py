@@ -11,6 +11,9 @@
 - OOD score (confidence y): RMS z-score of the raw observation against the mean and standard
   deviation of the training observations saved with the policy,
   `sqrt(mean_i(((o_i - mu_i) / sigma_i)^2))`. About 1 on training data, larger away from it.
+  Training floors each sigma at what that column can vary by on a real unit
+  (policy/obs_floor.py), so a column constant in simulation does not turn a few mrad of
+  encoder bias into a fallback; the saved sigma is the floored one.
   We use the RMS z-score rather than a Mahalanobis distance because several observation
   components are (near-)collinear (the error is target - fk(q)), which makes a full
   covariance ill-conditioned; the diagonal score is stable and easy to threshold.
@@ -77,12 +80,25 @@ class ObsStats:
     count: int
 
     @classmethod
-    def from_data(cls, obs: np.ndarray, min_std: float = 1e-3) -> ObsStats:
-        """Compute statistics over rows; a near-constant column gets std `min_std`."""
+    def from_data(
+        cls, obs: np.ndarray, min_std: float = 1e-3, floor: np.ndarray | None = None
+    ) -> ObsStats:
+        """Compute statistics over rows; each column's std is at least its floor.
+
+        `floor` (one value per column, > 0; policy.obs_floor.observation_std_floor gives what a
+        real unit's sensors and commands vary by) replaces the flat `min_std` when given.
+        """
         obs = np.asarray(obs, dtype=np.float64)
+        if floor is None:
+            lo = np.full(obs.shape[-1], float(min_std))
+        else:
+            lo = np.asarray(floor, dtype=np.float64)
+            if lo.shape != (obs.shape[-1],) or not np.all(np.isfinite(lo) & (lo > 0)):
+                raise ValueError(f"std floor: expected {obs.shape[-1]} finite values > 0, got "
+                                 f"shape {lo.shape}")
         return cls(
             obs.mean(axis=0),
-            np.maximum(obs.std(axis=0), min_std),
+            np.maximum(obs.std(axis=0), lo),
             int(obs.shape[0]),
         )
 

@@ -29,6 +29,7 @@ from torch import nn
 from sim2real_ros.config import ConfigError
 from sim2real_ros.policy.env import ReachingVecEnv, load_simulator
 from sim2real_ros.policy.model import EnsemblePolicy, ModelSpec, ObsStats
+from sim2real_ros.policy.obs_floor import SensorTolerance, observation_std_floor
 from sim2real_ros.policy.task import TaskConfig
 
 from sim2real_ros.policy.train_config import ALGOS, TrainConfig  # noqa: F401 (re-exported)
@@ -205,7 +206,8 @@ def train(
             policy, obs = _dagger(cfg, env, mspec, task, rng, obs, record, t_start)
         if "ppo" in cfg.algo:
             if policy is None:
-                stats = _initial_stats(env, obs, cfg.steps_per_iteration)
+                stats = _initial_stats(env, obs, cfg.steps_per_iteration,
+                                       obs_floor_for(task, env.arm.n_joints))
                 obs = env.reset()
                 policy = EnsemblePolicy(mspec, stats, task.to_dict(), env.arm.joint_names,
                                         seed=cfg.seed)
@@ -238,17 +240,30 @@ def train(
         "train_wall_s": wall,
         "env_steps": int(env.total_steps),
         "history": [asdict(h) for h in history],
+        # Per-column std floor the statistics were built with (policy/obs_floor.py).
+        "obs_std_floor": obs_floor_for(task, env.arm.n_joints).tolist(),
     }
     return TrainResult(policy, history, sim_success, mean_steps, wall, env.total_steps, spec_sha)
 
 
-def _initial_stats(env: ReachingVecEnv, obs: np.ndarray, steps: int) -> ObsStats:
+def obs_floor_for(task: TaskConfig, n_joints: int) -> np.ndarray:
+    """The std floor of every observation column: the shipped real-unit sensor tolerances.
+
+    The floor describes the robot the policy will meet, not the training run, so it comes from
+    the shipped config/randomization.yaml whatever `randomization` the run trains with.
+    """
+    return observation_std_floor(task, n_joints, SensorTolerance.from_randomization())
+
+
+def _initial_stats(
+    env: ReachingVecEnv, obs: np.ndarray, steps: int, floor: np.ndarray
+) -> ObsStats:
     """Observation statistics from expert rollouts (PPO from scratch needs a normalizer too)."""
     rows = [obs]
     for _ in range(steps):
         r = env.step(env.expert_actions())
         rows.append(r.obs)
-    return ObsStats.from_data(np.concatenate(rows))
+    return ObsStats.from_data(np.concatenate(rows), floor=floor)
 
 
 def _dagger(
@@ -288,7 +303,8 @@ def _dagger(
         y = np.concatenate(data_act)[-cfg.max_dataset:]
         if policy is None:
             # Normalization statistics come from the expert's own state distribution.
-            policy = EnsemblePolicy(mspec, ObsStats.from_data(x), task.to_dict(),
+            floor = obs_floor_for(task, env.arm.n_joints)
+            policy = EnsemblePolicy(mspec, ObsStats.from_data(x, floor=floor), task.to_dict(),
                                     env.arm.joint_names, seed=cfg.seed)
             opt = torch.optim.Adam(policy.net.parameters(), lr=cfg.lr)
         assert opt is not None
