@@ -220,3 +220,20 @@ def test_bad_envelope_refuses_to_start_naming_the_file(ros_context: Any, tmp_pat
         timeout=60)
     assert proc.returncode == 2
     assert "refusing to start" in proc.stderr and "elbow_joint.velocity_rad_s" in proc.stderr
+
+
+def test_rate_time_base_defaults_to_smoothed_is_validated_and_reported(ros_context: Any) -> None:
+    sf, bl, cell, ex = _graph(ros_context)
+    assert sf.get_parameter("rate_time_base").value == "smoothed"
+    ro = sf.set_parameters([Parameter("rate_time_base", value="arrival")])[0]
+    assert not ro.successful  # a safety setting: read-only at run time
+    assert spin_until(ex, lambda: bool(cell.diag) and len(cell.commands) > 5, 10.0)
+    assert cell.diag[-1]["rate_time_base"] == "smoothed"
+    assert 0.005 <= float(cell.diag[-1]["rate_dt_s"]) <= 0.02
+    with pytest.raises(ConfigError, match="rate_time_base.*arrival.*nominal.*smoothed"):
+        SafetyFilter(context=ros_context,
+                     parameter_overrides=[Parameter("rate_time_base", value="wall")])
+    arrival = SafetyFilter(context=ros_context,
+                           parameter_overrides=[Parameter("rate_time_base", value="arrival")])
+    assert arrival._timebase.mode == "arrival"
+    arrival.destroy_node()

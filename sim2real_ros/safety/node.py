@@ -54,6 +54,7 @@ from sim2real_ros.safety.supervisor import (
     Supervisor,
     SupervisorConfig,
 )
+from sim2real_ros.safety.timebase import RATE_TIME_BASES, SMOOTHED, RateTimeBase
 
 NODE_NAME = "safety_filter"
 COMMAND_TOPICS = {
@@ -87,6 +88,14 @@ PARAMS = [
     ParamSpec("tick_on_command", True,
               "Also run the loop when the driving source's command arrives (lower latency); "
               "the timer keeps the rate and the watchdog when commands stop.", read_only=RO),
+    ParamSpec("rate_time_base", SMOOTHED,
+              "dt the projection's velocity/acceleration/jerk limits divide a command change "
+              "by: arrival (measured tick interval, clamped to [0.5, 2] periods: ms arrival "
+              "jitter reads as speed), nominal (the control period), smoothed (running mean "
+              "of the measured intervals over ~10 ticks, clamped the same: jitter averages out, "
+              "a sustained faster stream is still limited). Staleness and latency checks "
+              "always use real arrival times and stamps.",
+              choices=RATE_TIME_BASES, read_only=RO),
     ParamSpec("command_timeout_s", 0.025,
               "Policy command stale after this long without a message (s).", low=0.001,
               high=10.0, read_only=RO),
@@ -225,6 +234,7 @@ class SafetyFilter(Node):
         self.counter = EventCounter()
         self._throttle: dict[tuple[str, str, str], tuple[float, int]] = {}
         self._last_tick_s: float | None = None
+        self._timebase = RateTimeBase(p["rate_time_base"], period)
         self._tick_wall_us: list[float] = []
         self._alarm = ""
         self.rollback_state = "idle"
@@ -350,10 +360,7 @@ class SafetyFilter(Node):
     def _tick(self) -> None:
         t0 = time.perf_counter()
         now = self._now_s()
-        if self._last_tick_s is not None and now > self._last_tick_s:
-            dt = min(max(now - self._last_tick_s, 0.5 * self.period_s), 2.0 * self.period_s)
-        else:
-            dt = self.period_s
+        dt = self._timebase.tick(now)
         self._last_tick_s = now
         res = self.sup.tick(now, dt)
         if res.command:
@@ -493,6 +500,8 @@ class SafetyFilter(Node):
             "rollback_state": self.rollback_state,
             "tick_p50_us": ticks[len(ticks) // 2] if ticks else 0.0,
             "tick_p99_us": ticks[int(0.99 * (len(ticks) - 1))] if ticks else 0.0,
+            "rate_time_base": self._timebase.mode,
+            "rate_dt_s": self._timebase.last_dt_s,
         }
         for key, count in sorted(self.counter.by_limit.items()):
             values[f"count.{key}"] = count
