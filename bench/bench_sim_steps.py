@@ -10,7 +10,13 @@ read every 2 ms (500 Hz joint_states).
   cadence, to show where the time goes.
 - core: `SimCore` with the shipped config/randomization.yaml (all 42 terms, every gap; camera
   rendering excluded because it is off by default), `command()` every 10 ms and
-  `advance(0.002)` (which returns an observation through the latency and sensor models).
+  `advance(0.002)` (which returns an observation through the latency and sensor models). The
+  physics-step loop, servo, gain refresh and sensor path run in C (sim/_servo.c).
+- core, Python loop: the same with `native=False`, the C loop's reference (same trajectory bit
+  for bit): what the C loop buys.
+- physics of the drawn arm: `stepSimulation()` alone on the core's own randomized arm (its joint
+  friction motors and the F/T sensor make PyBullet's step itself dearer than the raw arm's):
+  the ceiling no loop around it can pass.
 
 Rounds alternate raw / core so that load from other processes hits both alike; the table shows
 the median over rounds. Writes bench/results/sim_steps.json.
@@ -84,14 +90,37 @@ def plant_only(sim_seconds: float) -> float:
         plant.close()
 
 
-def sim_core(sim_seconds: float, seed: int) -> tuple[float, dict[str, Any]]:
-    """Return physics steps/s of SimCore with every shipped randomization term on."""
+def physics_only(sim_seconds: float, seed: int) -> float:
+    """Return steps/s of bare stepSimulation() on the arm a SimCore drew (no loop around it)."""
+    import pybullet as pb
+
     from sim2real_ros.paths import share_path
     from sim2real_ros.sim.core import SimCore
     from sim2real_ros.sim.randomization import RandomizationSpec
 
     spec = RandomizationSpec.from_yaml(share_path("config", "randomization.yaml"))
     core = SimCore(spec, seed=seed)
+    try:
+        core.command("position", TARGET)
+        core.advance(0.05)
+        c = core.plant.client
+        steps = int(round(sim_seconds / 1e-3))
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            pb.stepSimulation(physicsClientId=c)
+        return steps / (time.perf_counter() - t0)
+    finally:
+        core.close()
+
+
+def sim_core(sim_seconds: float, seed: int, native: bool = True) -> tuple[float, dict[str, Any]]:
+    """Return physics steps/s of SimCore with every shipped randomization term on."""
+    from sim2real_ros.paths import share_path
+    from sim2real_ros.sim.core import SimCore
+    from sim2real_ros.sim.randomization import RandomizationSpec
+
+    spec = RandomizationSpec.from_yaml(share_path("config", "randomization.yaml"))
+    core = SimCore(spec, seed=seed, native=native)
     try:
         ticks = int(round(sim_seconds / 0.002))
         steps0 = core.stats.physics_steps
@@ -104,7 +133,8 @@ def sim_core(sim_seconds: float, seed: int) -> tuple[float, dict[str, Any]]:
         steps = core.stats.physics_steps - steps0
         info = {"terms": len(spec.terms), "spec_sha256": spec.sha256,
                 "commands_lost": core.stats.commands_dropped,
-                "observations_lost": core.stats.observations_dropped}
+                "observations_lost": core.stats.observations_dropped,
+                "backend": core.plant.backend}
         return steps / elapsed, info
     finally:
         core.close()
@@ -116,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=1.0, help="sim seconds per round")
     args = ap.parse_args(argv)
-    raw_rates, plant_rates, core_rates = [], [], []
+    raw_rates, plant_rates, core_rates, py_rates, phys_rates = [], [], [], [], []
     info: dict[str, Any] = {}
     raw_pybullet(0.2)  # warm up imports and caches on all sides
     plant_only(0.2)
@@ -126,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         plant_rates.append(plant_only(args.seconds))
         rate, info = sim_core(args.seconds, seed=r)
         core_rates.append(rate)
+        py_rates.append(sim_core(args.seconds, seed=r, native=False)[0])
+        phys_rates.append(physics_only(args.seconds, seed=r))
     raw_med, core_med = float(np.median(raw_rates)), float(np.median(core_rates))
     plant_med = float(np.median(plant_rates))
+    py_med, phys_med = float(np.median(py_rates)), float(np.median(phys_rates))
     ratios = np.array(core_rates) / np.array(raw_rates)
     result = {
         "benchmark": "sim_steps",
@@ -136,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         "raw_pybullet_steps_per_s": raw_rates,
         "plant_only_steps_per_s": plant_rates,
         "sim_core_steps_per_s": core_rates,
+        "sim_core_python_loop_steps_per_s": py_rates,
+        "drawn_arm_physics_only_steps_per_s": phys_rates,
+        "python_loop_median": py_med,
+        "physics_only_median": phys_med,
+        "native_over_python": core_med / py_med,
         "plant_median": plant_med,
         "raw_median": raw_med,
         "core_median": core_med,
@@ -152,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{max(plant_rates):10.0f}")
     print(f"{'SimCore, all terms':28s} {core_med:18.0f} {min(core_rates):10.0f} "
           f"{max(core_rates):10.0f}")
+    print(f"{'SimCore, Python loop':28s} {py_med:18.0f} {min(py_rates):10.0f} "
+          f"{max(py_rates):10.0f}")
+    print(f"{'drawn arm, physics only':28s} {phys_med:18.0f} {min(phys_rates):10.0f} "
+          f"{max(phys_rates):10.0f}")
+    print(f"C loop / Python loop: {core_med / py_med:.2f}x; core / physics of the drawn arm: "
+          f"{core_med / phys_med:.2f}")
     print(f"ratio core/raw: {core_med / raw_med:.2f} (per-round median "
           f"{np.median(ratios):.2f}; target >= 0.7); load average {os.getloadavg()[0]:.1f}")
     RESULTS.mkdir(exist_ok=True)

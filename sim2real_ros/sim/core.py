@@ -9,6 +9,7 @@ link (delay, jitter, drops) and the sensor models (noise, bias, drift, quantizat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from sim2real_ros.sim.randomization import Draw, Nominal, RandomizationSpec, sam
 from sim2real_ros.sim.sensors import SensorModel
 
 HISTORY_MARGIN_S = 0.05
+NORMAL_BLOCK = 4096  # standard normals the C sensor path gets at a time (~130 observations)
+UNIFORM_BLOCK = 1024
 
 
-@dataclass
+@dataclass(slots=True)
 class Observation:
     """What the controller receives: measured values and when they were measured."""
 
@@ -65,9 +68,12 @@ class SimCore:
         q0: np.ndarray | None = None,
         camera: CameraConfig | None = None,
         floor: bool = False,
+        native: bool | None = None,
     ) -> None:
         self.spec = spec or RandomizationSpec.disabled()
-        self.plant = ArmPlant(urdf_path, physics_dt_s, calibration, ground_plane=floor)
+        self.plant = ArmPlant(
+            urdf_path, physics_dt_s, calibration, ground_plane=floor, native=native
+        )
         self.arm = self.plant.arm
         self.joint_names = list(self.plant.joint_names)
         self.n = self.plant.n
@@ -109,7 +115,13 @@ class SimCore:
         self.episode += 1
         self.stats.resets += 1
         self._draw_rng = np.random.default_rng([self.seed, self.episode])
+        # Three noise streams: the action link (and camera), then the observation path's
+        # normals (jitter, encoder drift and noise, F/T noise) and uniforms (drops). Each is
+        # consumed in a fixed order, so the C sensor path can take them in blocks and still
+        # see exactly the numbers the Python path draws one call at a time.
         self._noise_rng = np.random.default_rng([self.seed, self.episode, 1])
+        self._sense_normal = np.random.default_rng([self.seed, self.episode, 2])
+        self._sense_uniform = np.random.default_rng([self.seed, self.episode, 3])
         draw = sample(
             self.spec, self._draw_rng, "reset", self.arm, self.nominal,
             base=self._startup_draw, seed=self.seed, episode=self.episode,
@@ -117,6 +129,12 @@ class SimCore:
         q = self.home_q if q0 is None else np.asarray(q0, dtype=float)
         self._apply_draw(draw)
         self.plant.reset(q)
+        self._native = self.plant._servo  # the C sensor path; None runs the Python one
+        if self._native is not None:
+            self._native.reset_sense()
+            self._sync_native_models()
+            self._nblock = np.empty(0)
+            self._ublock = np.empty(0)
         self._actuator = ActuatorModel(draw.actuator, self.plant.state().q)
         self._mode = "position"
         self._last_obs: Observation | None = None
@@ -125,7 +143,44 @@ class SimCore:
             t.name: self._interval_after(0.0, t.interval_s)  # type: ignore[arg-type]
             for t in self.spec.interval_terms()
         }
+        self._update_next_event()
         return self.observe()
+
+    def _sync_native_models(self) -> None:
+        """Give the C sensor path the draw's sensor and observation-link parameters."""
+        p = self.draw.sensor
+        lat = self.draw.latency
+        self._native.set_sensor(
+            p.position_bias_rad.tolist(), p.position_drift_rad_per_sqrt_s.tolist(),
+            np.concatenate([p.position_noise_rad, p.velocity_noise_rad_s,
+                            p.effort_noise_nm]).tolist(),
+            p.position_quantization_rad.tolist(), p.velocity_quantization_rad_s.tolist(),
+            np.concatenate([p.ft_force_bias_n, p.ft_torque_bias_nm]).tolist(),
+            np.concatenate([p.ft_force_noise_n, p.ft_torque_noise_nm]).tolist(),
+        )
+        self._native.set_latency(float(lat.observation_delay_s),
+                                 float(lat.observation_jitter_s),
+                                 float(lat.observation_drop_prob))
+
+    def _refill(self) -> None:
+        """Top up the C sensor path's random numbers, keeping the unused ones first."""
+        nat = self._native
+        nl, ul = nat.normals_left, nat.uniforms_left
+        self._nblock = np.concatenate([
+            self._nblock[len(self._nblock) - nl:], self._sense_normal.standard_normal(NORMAL_BLOCK)
+        ])
+        self._ublock = np.concatenate([
+            self._ublock[len(self._ublock) - ul:], self._sense_uniform.random(UNIFORM_BLOCK)
+        ])
+        nat.set_normals(self._nblock)
+        nat.set_uniforms(self._ublock)
+
+    def _update_next_event(self) -> None:
+        """When the next command arrives or the next interval term is redrawn, s."""
+        self._next_event_s = min(
+            self._action_link.next_release_s(),
+            min(self._next_interval.values(), default=math.inf),
+        )
 
     def _interval_after(self, t_s: float, interval: tuple[float, float]) -> float:
         return t_s + float(self._draw_rng.uniform(interval[0], interval[1]))
@@ -141,7 +196,7 @@ class SimCore:
         self._action_link = DelayLine(
             lat.action_delay_s, lat.action_jitter_s, lat.action_drop_prob, self._noise_rng
         )
-        self._sensor = SensorModel(draw.sensor, self._noise_rng)
+        self._sensor = SensorModel(draw.sensor, self._sense_normal)
 
     def _apply_interval(self, draw: Draw) -> None:
         """Update the models for a redraw in the middle of an episode (no state is lost)."""
@@ -159,6 +214,8 @@ class SimCore:
         drift = self._sensor.drift_rad
         self._sensor.params = draw.sensor
         self._sensor.drift_rad = drift
+        if self._native is not None:
+            self._sync_native_models()
 
     # ------------------------------------------------------------------ commands
     def command(self, mode: str, values: np.ndarray) -> bool:
@@ -175,6 +232,7 @@ class SimCore:
             self.stats.commands_dropped += 1
             return False
         self._deliver_due()
+        self._update_next_event()
         return True
 
     def _deliver_due(self) -> None:
@@ -187,31 +245,39 @@ class SimCore:
             else:
                 target = values
             self._mode = mode
-            self.plant.set_command(mode, target)
+            self.plant.hold(mode, target)  # checked in command()
 
     # ------------------------------------------------------------------ time
     def advance(self, duration_s: float) -> Observation:
         """Step physics for duration_s (whole physics steps), deliver commands, redraw terms."""
-        dt = self.physics_dt_s
-        target_steps = self.plant.steps + int(round(duration_s / dt))
-        while self.plant.steps < target_steps:
-            now = self.time_s
-            next_event = min(
-                self._action_link.next_release_s(),
-                min(self._next_interval.values(), default=np.inf),
-            )
-            remaining = target_steps - self.plant.steps
+        plant = self.plant
+        dt = plant.physics_dt_s
+        k = int(round(duration_s / dt))
+        target_steps = plant.steps + k
+        if k > 0 and self._next_event_s > target_steps * dt + 1e-12:
+            # Nothing arrives or is redrawn before the end: one stretch of physics (what the
+            # loop below would do in its first pass, without its bookkeeping).
+            plant.advance_steps(k)
+            self.stats.physics_steps += k
+            return self.observe()
+        while plant.steps < target_steps:
+            now = plant.time_s
+            next_event = self._next_event_s
+            remaining = target_steps - plant.steps
             if next_event <= now + 1e-12:
                 k = 0
-            elif np.isfinite(next_event):
-                k = min(remaining, max(1, int(np.ceil((next_event - now) / dt - 1e-9))))
+            elif next_event < math.inf:
+                k = min(remaining, max(1, math.ceil((next_event - now) / dt - 1e-9)))
             else:
                 k = remaining
             if k > 0:
-                self.plant.advance_steps(k)
+                plant.advance_steps(k)
                 self.stats.physics_steps += k
-            self._deliver_due()
-            self._redraw_due()
+            if self._next_event_s <= plant.time_s + 1e-12:
+                # Something is due (nothing is, otherwise, and both calls would do nothing).
+                self._deliver_due()
+                self._redraw_due()
+                self._update_next_event()
         return self.observe()
 
     def _redraw_due(self) -> None:
@@ -234,20 +300,34 @@ class SimCore:
     # ------------------------------------------------------------------ sensing
     def observe(self) -> Observation:
         """Read the sensors now: a measurement taken `observation delay` ago, with its errors."""
-        lat = self.draw.latency
-        now = self.time_s
+        plant = self.plant
+        now = plant._t_s
         self.stats.observations += 1
+        nat = self._native
+        if nat is not None:
+            # The C path (sim/_servo.c sense): the same steps as below, the same numbers.
+            n = self.n
+            buf = np.empty(3 * n + 7)
+            r = nat.sense(buf, plant._steps)
+            if r < 0:
+                self._refill()
+                r = nat.sense(buf, plant._steps)
+            if r > 0:
+                stamp = float(buf[0])
+                self._last_stamp_s = stamp
+                n2 = 2 * n + 1
+                obs = Observation(now, stamp, buf[1:n + 1], buf[n + 1:n2], buf[n2:n2 + n],
+                                  buf[n2 + n:], True)
+                self._last_obs = obs
+                return obs
+            return self._repeat_last(now)
+        lat = self.draw.latency
         if lat.observation_drop_prob > 0 and self._last_obs is not None:
-            if float(self._noise_rng.random()) < lat.observation_drop_prob:
-                self.stats.observations_dropped += 1
-                last = self._last_obs
-                return Observation(
-                    now, last.stamp_s, last.q.copy(), last.qd.copy(), last.tau_nm.copy(),
-                    last.wrench.copy(), valid=False,
-                )
+            if float(self._sense_uniform.random()) < lat.observation_drop_prob:
+                return self._repeat_last(now)
         delay = lat.observation_delay_s
         if lat.observation_jitter_s > 0:
-            delay += abs(float(self._noise_rng.normal(0.0, lat.observation_jitter_s)))
+            delay += abs(lat.observation_jitter_s * float(self._sense_normal.standard_normal()))
         if delay > 0:
             # Measurements arrive in order: a stamp never goes back.
             stamp = min(max(now - delay, self._last_stamp_s, 0.0), now)
@@ -259,6 +339,16 @@ class SimCore:
         obs = Observation(now, state.t_s, q, qd, tau, self._sensor.wrench(state.wrench), True)
         self._last_obs = obs
         return obs
+
+    def _repeat_last(self, now: float) -> Observation:
+        """A lost measurement: the last valid values again, marked invalid."""
+        self.stats.observations_dropped += 1
+        last = self._last_obs
+        assert last is not None  # a drop needs a previous measurement
+        return Observation(
+            now, last.stamp_s, last.q.copy(), last.qd.copy(), last.tau_nm.copy(),
+            last.wrench.copy(), valid=False,
+        )
 
     def render(self) -> np.ndarray:
         """Return an (H, W, 3) uint8 camera image with the draw's appearance."""

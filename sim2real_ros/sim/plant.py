@@ -32,7 +32,9 @@ Modelling choices (see docs/sim.md for the reasoning):
 from __future__ import annotations
 
 import math
+import os
 import tempfile
+import warnings
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -44,6 +46,16 @@ import pybullet as pb
 from sim2real_ros.config import ConfigError
 from sim2real_ros.paths import default_urdf
 from sim2real_ros.robot.model import ArmModel, load_arm
+from sim2real_ros.sim import _pbnative
+
+try:  # the C step loop (sim/_servo.c); the Python loop below is its reference and fallback
+    from sim2real_ros.sim import _servo as _native  # type: ignore[attr-defined]
+
+    _native.bind(_pbnative.pybullet_path())
+except (ImportError, OSError):
+    _native = None
+NATIVE_AVAILABLE = _native is not None and _pbnative.client_handle_findable()
+FORCE_PYTHON_ENV = "SIM2REAL_SIM_PYTHON"
 
 CONTROL_MODES = ("position", "velocity", "effort")
 GAIN_UPDATE_STEPS = 10  # inertia changes slowly; refreshing gains every 10 ms is plenty
@@ -184,6 +196,41 @@ def resolve_params(params: PlantParams, arm: ArmModel) -> PlantParams:
     return p
 
 
+def _inv_diag(m: list[float], n: int) -> list[float] | None:
+    """Diagonal of the inverse of an n x n row-major matrix; None when it is singular.
+
+    Gauss-Jordan elimination with partial pivoting (the first largest |pivot|), written out so
+    that the C step loop (sim/_servo.c, `inv_diag`) performs exactly the same operations: both
+    backends then compute the same servo gains to the last bit.
+    """
+    a = [[float(m[i * n + j]) for j in range(n)] + [1.0 if i == j else 0.0 for j in range(n)]
+         for i in range(n)]
+    w = 2 * n
+    for col in range(n):
+        piv, best = col, abs(a[col][col])
+        for r in range(col + 1, n):
+            v = abs(a[r][col])
+            if v > best:
+                best, piv = v, r
+        if a[piv][col] == 0.0:
+            return None
+        if piv != col:
+            a[col], a[piv] = a[piv], a[col]
+        row = a[col]
+        p = row[col]
+        for j in range(w):
+            row[j] = row[j] / p
+        for r in range(n):
+            if r == col:
+                continue
+            other = a[r]
+            f = other[col]
+            if f != 0.0:
+                for j in range(w):
+                    other[j] = other[j] - f * row[j]
+    return [a[i][n + i] for i in range(n)]
+
+
 class ArmPlant:
     """One arm in its own PyBullet DIRECT client, stepped at a fixed physics rate."""
 
@@ -194,6 +241,7 @@ class ArmPlant:
         params: PlantParams | None = None,
         ft_joint: str = DEFAULT_FT_JOINT,
         ground_plane: bool = False,
+        native: bool | None = None,
     ) -> None:
         if not (1e-5 <= physics_dt_s <= 0.01):
             raise ValueError(f"physics_dt_s = {physics_dt_s}: expected a value in [1e-5, 0.01] s")
@@ -220,6 +268,14 @@ class ArmPlant:
         self._tau: list[float] = [0.0] * self.n
         self._q = np.zeros(self.n)
         self._qd = np.zeros(self.n)
+        # The step loop: C (sim/_servo.c) when it is built and the client handle checks out,
+        # else Python. native=None picks C unless SIM2REAL_SIM_PYTHON=1; both give the same
+        # trajectory bit for bit (test/test_sim_native.py).
+        if native is None:
+            native = os.environ.get(FORCE_PYTHON_ENV, "") in ("", "0")
+        self._want_native = bool(native) and NATIVE_AVAILABLE
+        self._servo: Any = None
+        self._hbuf: tuple[np.ndarray, ...] | None = None
         # A second, never-stepped client holds the nominal arm whose inertia sets servo gains.
         self._nc = pb.connect(pb.DIRECT)
         pb.setPhysicsEngineParameter(enableFileCaching=0, physicsClientId=self._nc)
@@ -294,7 +350,8 @@ class ArmPlant:
             tuple(p.armature_kgm2.round(12)),
         )
         if key != self._loaded_key:
-            q, qd = (self._q.copy(), self._qd.copy()) if self._body >= 0 else (None, None)
+            # Reload at the arm's true current state (not the last one a sensor read).
+            q, qd = self._true_state() if self._body >= 0 else (None, None)
             self._load(p)
             self._loaded_key = key
             if q is not None:
@@ -317,6 +374,10 @@ class ArmPlant:
         omega = 2.0 * math.pi * p.servo_bandwidth_hz
         self._kp_per_inertia = omega**2 * p.kp_scale
         self._kd_per_inertia = 2.0 * p.servo_damping_ratio * omega * p.kd_scale
+        if self._servo is not None:
+            self._servo.set_limits(self._lim_l, self._lag_l, self._vmax_l, self._lagged)
+            self._set_gain_model()
+            self._servo.set_command(CONTROL_MODES.index(self._mode), self._target_l)
         # Coulomb friction: a velocity motor that wants zero speed with at most F_c of torque.
         pb.setJointMotorControlArray(
             self._body,
@@ -516,6 +577,73 @@ class ArmPlant:
         self._ft_com_t = tuple(float(v) for v in self._ft_com)
         # One getJointStates call reads the chain and the F/T joint together.
         self._read_idx = self._idx + ([self._ft_idx] if self._ft_idx >= 0 else [])
+        self._u_idx = [pb.getJointInfo(self._body, j, physicsClientId=c)[4] for j in self._idx]
+        self._servo = self._make_servo(self._servo) if self._want_native else None
+
+    def _make_servo(self, servo: Any = None) -> Any:
+        """Build the C step loop on this client's body (or move `servo`, with all its state, to
+        the reloaded body); None (Python loop) if it fails a check."""
+        handle = _pbnative.client_handle(self._client)
+        if handle is None or _native is None:
+            return None
+        try:
+            if servo is None:
+                servo = _native.Servo(handle, self._body, self._read_idx, self._u_idx,
+                                      self._ft_idx >= 0, pb.TORQUE_CONTROL)
+            else:
+                servo.rebind(self._body, self._read_idx, self._u_idx, self._ft_idx >= 0)
+                if not self._same_state(servo):
+                    # It held the sensor state of a running episode: there is no quiet way back.
+                    raise RuntimeError("C step loop lost its client after reloading the arm")
+            ok = self._same_state(servo)
+        except (RuntimeError, ValueError) as exc:
+            warnings.warn(f"C step loop unavailable ({exc}); using the Python loop", stacklevel=3)
+            return None
+        if not ok:
+            warnings.warn("C step loop reads a different state than pybullet.getJointStates; "
+                          "using the Python loop", stacklevel=3)
+            return None
+        if self._hbuf is not None:
+            servo.set_history(*self._hbuf)
+        servo.set_ft_frame(self._ft_rot.ravel().tolist(), list(self._ft_com_t))
+        return servo
+
+    def _same_state(self, servo: Any) -> bool:
+        """True when the C API handle reads what pybullet.getJointStates reads."""
+        ref = pb.getJointStates(self._body, self._read_idx, physicsClientId=self._client)
+        got = servo.read()
+        return len(got) == len(ref) and all(
+            g[0] == r[0] and g[1] == r[1] and tuple(g[2]) == tuple(r[2])
+            for g, r in zip(got, ref)
+        )
+
+    def _set_gain_model(self) -> None:
+        """Let the C loop refresh the gains itself (arms whose movable joints are all chain
+        joints; otherwise the Python side refreshes them between calls)."""
+        if self._servo is None or self._other_movable:
+            return
+        handle = _pbnative.client_handle(self._nc)
+        if handle is None:
+            return
+        self._servo.set_gain_model(
+            handle, self._nominal_body, self._dof.tolist(),
+            np.broadcast_to(self._kp_per_inertia, (self.n,)).tolist(),
+            np.broadcast_to(self._kd_per_inertia, (self.n,)).tolist(),
+            self._damping.tolist(), self.physics_dt_s, GAIN_UPDATE_STEPS,
+        )
+
+    def _true_state(self) -> tuple[np.ndarray, np.ndarray]:
+        states = pb.getJointStates(self._body, self._idx, physicsClientId=self._client)
+        return np.array([s[0] for s in states]), np.array([s[1] for s in states])
+
+    def _last_q(self) -> np.ndarray:
+        """The joint positions last read (by a step or a sensor): what the gains follow."""
+        return np.array(self._servo.q_last) if self._servo is not None else self._q
+
+    @property
+    def backend(self) -> str:
+        """Which step loop runs: 'native' (C) or 'python'."""
+        return "native" if self._servo is not None else "python"
 
     # ----------------------------------------------------------------- state
     def _write_joint_state(self, q: np.ndarray, qd: np.ndarray) -> None:
@@ -525,6 +653,8 @@ class ArmPlant:
             )
         self._q = np.array(q, dtype=float)
         self._qd = np.array(qd, dtype=float)
+        if self._servo is not None:
+            self._servo.set_q(self._q.tolist(), self._qd.tolist())
 
     def reset(self, q0: np.ndarray | None = None, qd0: np.ndarray | None = None) -> PlantState:
         """Put the arm at q0 (default: zeros clipped into limits) and hold it there."""
@@ -542,6 +672,13 @@ class ArmPlant:
         self._target = q.copy()
         self._target_l = q.tolist()
         self._tau = [0.0] * n
+        if self._servo is not None:
+            if not self._same_state(self._servo):
+                warnings.warn("C step loop lost its client; using the Python loop", stacklevel=2)
+                self._servo = None
+            else:
+                self._servo.set_command(0, self._target_l)
+                self._servo.set_tau(self._tau)
         self._update_gains()
         return self.state()
 
@@ -554,9 +691,15 @@ class ArmPlant:
             raise ValueError(f"{mode} command: expected {self.n} values, got shape {arr.shape}")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{mode} command has non-finite values: {arr.tolist()}")
+        self.hold(mode, arr)
+
+    def hold(self, mode: str, values: np.ndarray) -> None:
+        """set_command without the checks, for callers that made them (SimCore)."""
         self._mode = mode
-        self._target = arr.copy()
-        self._target_l = arr.tolist()
+        self._target = values.copy()
+        self._target_l = values.tolist()
+        if self._servo is not None:
+            self._servo.set_command(CONTROL_MODES.index(mode), self._target_l)
 
     @property
     def client(self) -> int:
@@ -606,11 +749,14 @@ class ArmPlant:
     @property
     def servo_gains(self) -> tuple[np.ndarray, np.ndarray]:
         """Current (kp N·m/rad, kd N·m·s/rad) of the position servo."""
+        if self._servo is not None and self._servo.has_gain_model:
+            kp, kd = self._servo.gains()[:2]  # the C loop refreshes them itself
+            return np.array(kp), np.array(kd)
         return self._kp.copy(), self._kd.copy()
 
     def mass_matrix(self, q: np.ndarray | None = None) -> np.ndarray:
         """Joint-space inertia M(q) of the chain joints (armature included), kg·m²."""
-        qq = self._q if q is None else np.asarray(q, dtype=float)
+        qq = self._last_q() if q is None else np.asarray(q, dtype=float)
         full = self._full_q(qq)
         m = np.array(pb.calculateMassMatrix(self._body, full, physicsClientId=self._client))
         return m[np.ix_(self._dof, self._dof)]
@@ -645,6 +791,15 @@ class ArmPlant:
         # Each joint's loop is tuned for the inertia it sees with the other joints free,
         # 1/(M⁻¹)_jj, not M_jj: at a straight arm the lift/elbow "scissor" mode is ~30x lighter
         # than M_jj says, and gains from M_jj would put it at the edge of stability.
+        servo = self._servo
+        if servo is not None and servo.has_gain_model:
+            # The same computation in C (sim/_servo.c update_gains), on the same last state.
+            servo.update_gains()
+            kp, kd, kp_eff, kd_eff, kpos, damp = servo.gains()
+            self._kp, self._kd = np.array(kp), np.array(kd)
+            self._kp_l, self._kd_l, self._kpos_l, self._damp_l = kp_eff, kd_eff, kpos, damp
+            self._damp_eff = np.array(damp)
+            return
         full = self._full_q(self._q)
         m_nom = self._free_inertia(
             pb.calculateMassMatrix(self._nominal_body, full, physicsClientId=self._nc))
@@ -671,15 +826,16 @@ class ArmPlant:
             self._kd > 0, self._kp / np.maximum(self._kd, 1e-300), 0.0
         ).tolist()
         self._damp_l = self._damp_eff.tolist()
+        if servo is not None:
+            servo.set_gains(self._kp_l, self._kd_l, self._kpos_l, self._damp_l)
 
     def _free_inertia(self, mass_matrix: Any) -> np.ndarray:
         """Return 1/(M⁻¹)_jj for the chain joints: the inertia each sees, the others free."""
         m = np.asarray(mass_matrix, dtype=float)
-        try:
-            inv_diag = np.diag(np.linalg.inv(m))[self._dof]
-        except np.linalg.LinAlgError:
+        d = _inv_diag(m.ravel().tolist(), m.shape[0])
+        if d is None:
             return np.diag(m)[self._dof]
-        return 1.0 / np.maximum(inv_diag, 1e-12)
+        return 1.0 / np.maximum(np.asarray(d)[self._dof], 1e-12)
 
     def enable_history(self, seconds: float) -> None:
         """Keep the pre-step state of every physics step for `seconds` (for delayed sensors)."""
@@ -689,6 +845,11 @@ class ArmPlant:
         # parsing happens only for the steps a sensor actually reads.
         self._hraw: list[Any] = [None] * length
         self._htau: list[Any] = [None] * length
+        n = self.n
+        self._hbuf = (np.zeros((length, n)), np.zeros((length, n)), np.zeros((length, n)),
+                      np.zeros((length, 6)))
+        if self._servo is not None:
+            self._servo.set_history(*self._hbuf)
 
     def history_at(self, t_s: float) -> PlantState:
         """Return the state at the last physics step at or before t_s (clipped to the buffer)."""
@@ -697,6 +858,11 @@ class ArmPlant:
             return self.state()
         k = max(k, self._steps - self._hist_len + 1, 0)
         i = k % self._hist_len
+        if self._servo is not None and self._hbuf is not None:
+            hq, hqd, htau, hft = self._hbuf
+            wrench = self._raw_to_wrench(hft[i].tolist()) if self._ft_idx >= 0 else np.zeros(6)
+            return PlantState(k * self.physics_dt_s, hq[i].copy(), hqd[i].copy(),
+                              htau[i].copy(), wrench)
         return self._parse(self._hraw[i], self._htau[i], k * self.physics_dt_s)
 
     def _parse(self, states: Any, tau: np.ndarray, t_s: float) -> PlantState:
@@ -713,6 +879,32 @@ class ArmPlant:
 
     def advance_steps(self, n: int) -> None:
         """Advance n physics steps with the held command (no state read at the end)."""
+        servo = self._servo
+        if servo is not None and servo.has_gain_model:
+            servo.advance(n, self._steps)  # the whole loop, gain refreshes included, in C
+            self._steps += n
+            self._t_s = self._steps * self.physics_dt_s
+        elif servo is not None:
+            self._advance_native(int(n))
+        else:
+            self._advance_python(int(n))
+
+    def _advance_native(self, n: int) -> None:
+        # The C loop runs up to the next gain refresh; the refresh runs here, at the same steps
+        # and on the same state as in the Python loop.
+        servo = self._servo
+        while n > 0:
+            r = self._steps % GAIN_UPDATE_STEPS
+            if r == 0:
+                self._update_gains()
+            k = min(n, GAIN_UPDATE_STEPS - r)
+            servo.advance(k, self._steps)
+            self._steps += k
+            n -= k
+            self._q = np.array(servo.q_last)
+        self._t_s = self._steps * self.physics_dt_s
+
+    def _advance_python(self, n: int) -> None:
         # The hot loop runs on Python floats: for six joints that is ~6x faster than numpy's
         # per-call overhead, and it dominates the cost of a physics step.
         body, read, c, rj = self._body, self._read_idx, self._client, range(self.n)
@@ -784,6 +976,15 @@ class ArmPlant:
 
     def state(self) -> PlantState:
         """Read the current joint state and F/T wrench."""
+        if self._servo is not None:
+            n = self.n
+            buf = np.empty(2 * n + 6)
+            self._servo.state(buf)
+            # the C loop holds the applied torque (Python's _tau is not kept up to date)
+            st = PlantState(self._t_s, buf[:n].copy(), buf[n:2 * n].copy(),
+                            np.array(self._servo.tau), buf[2 * n:].copy())
+            self._q, self._qd = st.q.copy(), st.qd.copy()
+            return st
         states = pb.getJointStates(self._body, self._read_idx, physicsClientId=self._client)
         st = self._parse(states, self._tau, self._t_s)
         self._q, self._qd = st.q.copy(), st.qd.copy()
@@ -811,6 +1012,9 @@ class ArmPlant:
 
     def close(self) -> None:
         """Disconnect the PyBullet client and delete the temporary URDF."""
+        # The C loop holds a pointer into the client: drop it before pybullet frees it.
+        self._servo = None
+        self._want_native = False
         for attr in ("_client", "_nc"):
             cid = getattr(self, attr, -1)
             if cid >= 0:
