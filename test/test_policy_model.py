@@ -235,3 +235,37 @@ def test_legacy_torch_archive_policies_still_load(fitted: tuple) -> None:
     old = EnsemblePolicy.from_bytes(buf.getvalue())
     np.testing.assert_allclose(old.evaluate(obs[:8]).member_actions,
                                pol.evaluate(obs[:8]).member_actions, atol=1e-6)
+
+
+def test_an_adopted_history_is_clipped_to_the_jerk_limited_interface() -> None:
+    # Another source's commands, sampled where they reach the arm, make finite-difference
+    # rates the interface never produces; the adopted state keeps the position, clips the rates.
+    from pathlib import Path
+
+    import sim2real_ros.policy as policy_pkg
+    from sim2real_ros.policy.task import command_rates
+
+    pol = EnsemblePolicy.load(Path(policy_pkg.__file__).parent / "default" / "policy.pt")
+    runner = PolicyRunner(pol, ARM)
+    task = runner.task
+    assert task.jerk_limited
+    vmax = np.asarray(task.max_velocity_rad_s)
+    amax = np.asarray(task.max_acceleration_rad_s2)
+    q = np.array(task.home_rad)
+    target = ARM.tool_position(q) + np.array([0.05, -0.05, 0.05])
+    runner.step(q, np.zeros(N), target)
+    jump = q + 0.005  # a source switch: 5 mrad in one sample is 0.5 rad/s and 50 rad/s²
+    runner.executed(q)
+    runner.executed(q)
+    runner.executed(jump)
+    out = runner.step(q, np.zeros(N), target)
+    assert runner.adopted == 1
+    obs = out.observation.astype(float)  # float32: compare at its precision
+    v, a = obs[24:30], obs[30:36]
+    assert np.all(np.abs(v) <= vmax * (1 + 1e-6)) and np.all(np.abs(a) <= amax * (1 + 1e-6))
+    np.testing.assert_allclose(obs[18:24], jump - q, atol=1e-6)
+    np.testing.assert_allclose(np.abs(a), amax, rtol=1e-6)  # clipped, not zeroed
+    # a history within the limits is adopted as it is
+    rows = np.stack([q + 2e-4, q + 1e-4, q])
+    assert np.all(np.abs(command_rates(task, rows)[N:]) <= amax)
+    np.testing.assert_allclose(runner.feasible_history(rows), rows, atol=1e-12)

@@ -230,6 +230,10 @@ class PolicyNode(Node):
             return self._bad_input("forward_position_controller/commands: non-finite values")
         self._executed = cmd
         self._executed_recv_s = self._now_s()
+        # Every executed command goes into the runner's history, so its rates come from
+        # consecutive commands, not from whichever one was latest at each of our ticks.
+        if self.runner is not None:
+            self.runner.executed(cmd)
 
     def _on_target(self, msg: PointStamped) -> None:
         p = np.array([msg.point.x, msg.point.y, msg.point.z], dtype=float)
@@ -285,7 +289,8 @@ class PolicyNode(Node):
             return
         fresh = self._now_s() - self._executed_recv_s <= float(
             self.p["executed_command_timeout_s"])
-        runner.executed(self._executed if fresh else None)
+        if not fresh:
+            runner.executed(None)
         t0 = time.perf_counter()
         out = runner.step(self._q, self._qd, self._target, wrench)
         self._infer_s.append(time.perf_counter() - t0)

@@ -97,7 +97,29 @@ class PolicyRunner:
         rows = list(self._executed_hist) or [ex]
         while len(rows) < 3:
             rows.append(rows[-1])
-        return np.stack(rows[:3])
+        return self.feasible_history(np.stack(rows[:3]))
+
+    def feasible_history(self, rows: np.ndarray) -> np.ndarray:
+        """The command state of an adopted history, within the interface's rate limits.
+
+        Another source's commands, sampled where they reach the arm, need not follow the
+        jerk-limited interface: a source switch, a baseline's steps or a sample missed between
+        two ticks make finite differences of 50-100 rad/s² from millimetres. The policy never
+        saw such a command state, so it would score out of distribution and the filter would
+        keep falling back. The adopted state keeps the newest executed position and clips
+        its velocity and acceleration to the task's limits (what the interface can continue
+        from); the step interface has no rate state and keeps the rows as they are.
+        """
+        if not self.task.jerk_limited:
+            return rows
+        dt = self.task.dt_s
+        vmax = np.asarray(self.task.max_velocity_rad_s, dtype=float)
+        amax = np.asarray(self.task.max_acceleration_rad_s2, dtype=float)
+        v = np.clip((rows[0] - rows[1]) / dt, -vmax, vmax)
+        a = np.clip((rows[0] - 2.0 * rows[1] + rows[2]) / (dt * dt), -amax, amax)
+        r1 = rows[0] - v * dt
+        r2 = r1 - (v - a * dt) * dt
+        return np.stack([rows[0], r1, r2])
 
     @property
     def control_rate_hz(self) -> float:
