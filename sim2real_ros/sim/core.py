@@ -225,7 +225,7 @@ class SimCore:
         arr = np.asarray(values, dtype=float)
         if arr.shape != (self.n,):
             raise ValueError(f"{mode} command: expected {self.n} values, got shape {arr.shape}")
-        if not np.all(np.isfinite(arr)):
+        if not np.isfinite(arr).all():
             raise ValueError(f"{mode} command has non-finite values: {arr.tolist()}")
         self.stats.commands_sent += 1
         if not self._action_link.push(self.time_s, (mode, arr.copy())):
