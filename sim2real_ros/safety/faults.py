@@ -276,8 +276,15 @@ def scenario_policy_killed(h: Any) -> FaultResult:
     flowing = sum(1 for t, _ in h.commands if t > t_kill + 0.5) >= 10
     survived = got is not None and in_time and stays and flowing
     if fb is None:
-        seen_events = [(round(e["t"] - t_kill, 3), e["kind"], e["limit"]) for t, e in h.events
+        seen_events = [(round(e["t"] - t_kill, 3), e["kind"], e["limit"],
+                        str(e.get("detail", ""))[:100])
+                       for t, e in h.events
                        if e["t"] >= t_kill - 0.5 and e["kind"] != "intervention"]
+        limits: dict[str, int] = {}
+        for _, e in h.events:
+            if e["t"] >= t_kill - 0.5 and e["kind"] == "intervention":
+                limits[e["limit"]] = limits.get(e["limit"], 0) + 1
+        seen_events.append(("interventions from 0.5 s before the kill", limits))
         return _result(name, False, None, f"no fallback event after the kill; events: "
                        f"{seen_events[:12]}")
     detail = (f"{h.policy_label} (pid {pid}) killed with SIGKILL {1e3 * (t_kill - t_last):.1f} ms "

@@ -182,15 +182,22 @@ static void Servo_dealloc(Servo* s) {
     Py_TYPE(s)->tp_free((PyObject*)s);
 }
 
-static int read_doubles(PyObject* seq, double* out, int n, const char* what) {
+/* A sequence of exactly n items as a fast sequence (new reference), or NULL with an error. */
+static PyObject* exact_items(PyObject* seq, int n, const char* what) {
     PyObject* fast = PySequence_Fast(seq, what);
-    if (fast == NULL) return -1;
+    if (fast == NULL) return NULL;
     if (PySequence_Fast_GET_SIZE(fast) != n) {
         PyErr_Format(PyExc_ValueError, "%s: expected %d values, got %zd", what, n,
                      PySequence_Fast_GET_SIZE(fast));
         Py_DECREF(fast);
-        return -1;
+        return NULL;
     }
+    return fast;
+}
+
+static int read_doubles(PyObject* seq, double* out, int n, const char* what) {
+    PyObject* fast = exact_items(seq, n, what);
+    if (fast == NULL) return -1;
     PyObject** items = PySequence_Fast_ITEMS(fast);
     for (int i = 0; i < n; i++) {
         double v = PyFloat_AsDouble(items[i]);
@@ -205,14 +212,8 @@ static int read_doubles(PyObject* seq, double* out, int n, const char* what) {
 }
 
 static int read_ints(PyObject* seq, int* out, int n, const char* what) {
-    PyObject* fast = PySequence_Fast(seq, what);
+    PyObject* fast = exact_items(seq, n, what);
     if (fast == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(fast) != n) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %d values, got %zd", what, n,
-                     PySequence_Fast_GET_SIZE(fast));
-        Py_DECREF(fast);
-        return -1;
-    }
     PyObject** items = PySequence_Fast_ITEMS(fast);
     for (int i = 0; i < n; i++) {
         long v = PyLong_AsLong(items[i]);
