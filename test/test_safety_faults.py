@@ -10,9 +10,11 @@ command), the wrist F/T sensor, the task target and, for the scripted policy, th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     rclpy.init(context=ctx)
     procs = NodeProcesses(tmp_path_factory.mktemp("fault_logs"))
     harness = make_harness(ctx, procs.start, "scripted", ENVELOPE)
+    harness.test_procs = procs  # type: ignore[attr-defined]  # for paused_graph()
     try:
         harness.launch()
         yield harness
@@ -59,6 +62,27 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         harness.close()
         procs.stop_all()
         rclpy.shutdown(context=ctx)
+
+
+@contextlib.contextmanager
+def paused_graph(harness: Any) -> Iterator[None]:
+    """SIGSTOP the scripted graph's processes for a while, SIGCONT them after.
+
+    The kill -9 test runs a second real-time graph (filter, baseline, policy_node) in its own
+    DDS domain. With the scripted graph still running beside it on a 2-core host, its commands
+    arrive in bursts and the filter reshapes them often enough to trip the monitor (harness
+    threshold 0.3) at the moment of the kill, in about 1 of 3 runs (never with the scripted
+    graph paused). That measures the test layout, not the handover.
+    """
+    procs = [p for p in harness.test_procs.procs if p.poll() is None]
+    for p in procs:
+        os.kill(p.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
 
 
 def _check(result: FaultResult, procs_log: str = "") -> None:
@@ -97,8 +121,8 @@ def test_drifting_policy_is_rolled_back_and_the_stage_dropped(scripted: Any) -> 
 
 @pytest.mark.slow
 def test_kill_9_of_the_policy_node_hands_over_to_the_baseline_within_two_periods(
-        node_processes: Any, tmp_path: Path) -> None:
-    # Its own DDS domain: the scripted graph of the module fixture is still running.
+        node_processes: Any, tmp_path: Path, scripted: Any) -> None:
+    # Its own DDS domain, and the scripted graph of the module fixture paused meanwhile.
     domain = int(os.environ["ROS_DOMAIN_ID"]) % 100 + 101
     ctx = Context()
     rclpy.init(context=ctx, domain_id=domain)
@@ -106,8 +130,9 @@ def test_kill_9_of_the_policy_node_hands_over_to_the_baseline_within_two_periods
     harness = make_harness(ctx, start, "policy_node", ENVELOPE, default_registry(tmp_path),
                            POLICY_NODE_SUITE)
     try:
-        harness.launch()
-        result = scenario_policy_killed(harness)
+        with paused_graph(scripted):
+            harness.launch()
+            result = scenario_policy_killed(harness)
         logs = "".join(f"\n--- {p.args[2]}:\n{node_processes.log(p)[-1500:]}"
                        for p in node_processes.procs) if not result.survived else ""
         _check(result, logs)

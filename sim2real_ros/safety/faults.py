@@ -244,6 +244,16 @@ def _constant(commands: list[list[float]]) -> bool:
         max(abs(a - b) for a, b in zip(c, commands[-1])) <= 1e-9 for c in commands)
 
 
+def _spread(commands: list[list[float]]) -> str:
+    """', moving up to X rad on joint j' for a run of commands that is not constant."""
+    if len(commands) < 2 or _constant(commands):
+        return ""
+    last = commands[-1]
+    moves = [max(abs(c[j] - last[j]) for c in commands) for j in range(len(last))]
+    j = max(range(len(moves)), key=moves.__getitem__)
+    return f", moving up to {moves[j]:.3g} rad on joint {j}"
+
+
 def scenario_policy_killed(h: Any) -> FaultResult:
     """kill -9 the policy process; the baseline must drive within 2 periods of staleness."""
     name = "policy_killed"
@@ -321,7 +331,7 @@ def scenario_joint_states_stopped(h: Any) -> FaultResult:
               f"(timeout {h.config.state_timeout_s / p:.1f} periods; the reacting tick ran "
               f"{late:.2f} periods late), seen {_fmt(ext)} periods "
               f"after the stop; command {'constant' if still else 'NOT constant'} while held "
-              f"(the last {len(tail)} commands); policy "
+              f"(the last {len(tail)} commands{_spread(tail)}); policy "
               f"{'drove again' if back else 'did NOT return'} after joint_states resumed")
     return _result(name, survived, reaction, detail)
 

@@ -361,6 +361,11 @@ class SafetyFilter(Node):
         t0 = time.perf_counter()
         now = self._now_s()
         dt = self._timebase.tick(now)
+        if self.sup.source == SOURCE_HOLD:
+            # A hold brakes the last output to a stop on the filter's own timer: no source's
+            # timing to follow, and a dt that moves between ticks (the smoothed base leaving or
+            # entering its band on a loaded host) would read as motion and keep it creeping.
+            dt = self.period_s
         self._last_tick_s = now
         res = self.sup.tick(now, dt)
         if res.command:
