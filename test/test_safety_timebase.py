@@ -155,3 +155,22 @@ def test_nominal_trusts_the_source_to_keep_the_period() -> None:
     """Documented limit of `nominal`: a source that is too fast is not rate limited by it."""
     tb = RateTimeBase(NOMINAL, PERIOD_S)
     assert all(tb.tick(1.0 + k * 0.5 * PERIOD_S) == PERIOD_S for k in range(50))
+
+
+@pytest.mark.parametrize("mode", RATE_TIME_BASES)
+def test_a_hold_uses_the_period_in_every_mode_and_its_ticks_still_count(mode: str) -> None:
+    # A hold brakes on the filter's own timer: a dt that moved between its ticks (the smoothed
+    # mean crossing its band on a loaded host) kept the held command creeping.
+    tb = RateTimeBase(mode, PERIOD_S)
+    ref = RateTimeBase(mode, PERIOD_S)
+    t = 1.0
+    for k in range(60):
+        t += 0.013 if k % 2 else 0.012  # late timer ticks: the mean leaves the 5 % band
+        assert tb.tick(t, hold=True) == PERIOD_S
+        ref.tick(t)
+    assert tb.last_dt_s == PERIOD_S
+    assert tb.smoothed_s == ref.smoothed_s  # the held ticks were measured all the same
+    if mode == SMOOTHED:
+        assert ref.last_dt_s > PERIOD_S * 1.05  # without the hold it would have moved
+    t += 0.0125
+    assert tb.tick(t) == ref.tick(t)  # after the hold, back to the mode's own dt

@@ -199,6 +199,33 @@ def test_plant_state_gains_and_inverse_dynamics_agree_between_backends() -> None
         np.max(out[True][4]), rel=1e-9)
 
 
+def test_an_arm_with_a_movable_joint_off_the_chain_runs_the_python_loop(tmp_path: Path) -> None:
+    # The C loop refreshes the gains from the chain's mass matrix alone; a branch (a gripper
+    # finger on the base here) needs the Python loop, which still steps the arm normally.
+    import xml.etree.ElementTree as ET
+
+    tree = ET.parse(default_urdf())
+    root = tree.getroot()
+    root.append(ET.fromstring(
+        '<link name="finger"><inertial><mass value="0.05"/><origin xyz="0 0 0.01"/>'
+        '<inertia ixx="1e-5" iyy="1e-5" izz="1e-5" ixy="0" ixz="0" iyz="0"/></inertial></link>'))
+    root.append(ET.fromstring(
+        '<joint name="finger_joint" type="prismatic"><parent link="base_link"/>'
+        '<child link="finger"/><axis xyz="0 1 0"/>'
+        '<limit lower="0" upper="0.04" effort="20" velocity="0.2"/></joint>'))
+    urdf = tmp_path / "branched.urdf"
+    tree.write(urdf)
+    p = ArmPlant(urdf)
+    try:
+        assert p.n == 6 and p.backend == "python"
+        target = np.array([0.3, 0.5, 0.8, 0.2, 0.9, 0.3])
+        p.set_command("position", target)
+        p.advance_steps(1500)
+        np.testing.assert_allclose(p.state().q, target, atol=0.02)
+    finally:
+        p.close()
+
+
 def test_inverse_diagonal_matches_numpy_and_reports_singular_matrices() -> None:
     rng = np.random.default_rng(0)
     for n in (1, 3, 6, 7):

@@ -91,9 +91,10 @@ PARAMS = [
     ParamSpec("rate_time_base", SMOOTHED,
               "dt the projection's velocity/acceleration/jerk limits divide a command change "
               "by: arrival (measured tick interval, clamped to [0.5, 2] periods: ms arrival "
-              "jitter reads as speed), nominal (the control period), smoothed (running mean "
-              "of the measured intervals over ~10 ticks, clamped the same: jitter averages out, "
-              "a sustained faster stream is still limited). Staleness and latency checks "
+              "jitter reads as speed), nominal (the control period), smoothed (the period "
+              "while a running mean of the measured intervals, ~20 ticks, stays within 5 % of "
+              "it, else that mean: jitter averages out, a sustained faster stream is still "
+              "limited); a hold always uses the period. Staleness and latency checks "
               "always use real arrival times and stamps.",
               choices=RATE_TIME_BASES, read_only=RO),
     ParamSpec("command_timeout_s", 0.025,
@@ -360,12 +361,7 @@ class SafetyFilter(Node):
     def _tick(self) -> None:
         t0 = time.perf_counter()
         now = self._now_s()
-        dt = self._timebase.tick(now)
-        if self.sup.source == SOURCE_HOLD:
-            # A hold brakes the last output to a stop on the filter's own timer: no source's
-            # timing to follow, and a dt that moves between ticks (the smoothed base leaving or
-            # entering its band on a loaded host) would read as motion and keep it creeping.
-            dt = self.period_s
+        dt = self._timebase.tick(now, hold=self.sup.source == SOURCE_HOLD)
         self._last_tick_s = now
         res = self.sup.tick(now, dt)
         if res.command:

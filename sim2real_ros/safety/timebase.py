@@ -69,9 +69,16 @@ class RateTimeBase:
         self.last_interval_s = math.nan
         self.last_dt_s = self.period_s
 
-    def tick(self, now_s: float) -> float:
-        """Record a tick at `now_s` and return the dt (s) its projection should use."""
-        self.last_dt_s = self._dt(now_s)
+    def tick(self, now_s: float, hold: bool = False) -> float:
+        """Record a tick at `now_s` and return the dt (s) its projection should use.
+
+        `hold`: the filter drives no source this tick, it brakes its last output on its own
+        timer. There is no source timing to follow, and a dt that moved between ticks (the
+        smoothed mean crossing its band on a loaded host) would read as motion and keep the
+        held command creeping, so every mode returns the period (the tick still counts).
+        """
+        dt = self._dt(now_s)
+        self.last_dt_s = self.period_s if hold else dt
         return self.last_dt_s
 
     def _dt(self, now_s: float) -> float:

@@ -371,17 +371,6 @@ static PyObject* Servo_read(Servo* s, PyObject* noargs) {
     return out;
 }
 
-/* set_gains(kp, kd, kpos, damp): the values the reference's loop reads as kp/kd/kpos/damp. */
-static PyObject* Servo_set_gains(Servo* s, PyObject* args) {
-    PyObject *kp, *kd, *kpos, *damp;
-    if (!PyArg_ParseTuple(args, "OOOO", &kp, &kd, &kpos, &damp)) return NULL;
-    if (read_doubles(kp, s->kp, s->n, "kp") < 0 || read_doubles(kd, s->kd, s->n, "kd") < 0 ||
-        read_doubles(kpos, s->kpos, s->n, "kpos") < 0 ||
-        read_doubles(damp, s->damp, s->n, "damp") < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
 /* set_limits(lim, alpha, vmax, lagged) */
 static PyObject* Servo_set_limits(Servo* s, PyObject* args) {
     PyObject *lim, *alpha, *vmax;
@@ -483,8 +472,12 @@ static PyObject* Servo_advance(Servo* s, PyObject* args) {
     struct b3JointSensorState st[MAXJ + 1];
     double tau[MAXJ];
     const int n = s->n;
+    if (!s->has_gain_model) {
+        PyErr_SetString(PyExc_RuntimeError, "set_gain_model was not called");
+        return NULL;
+    }
     for (int step = 0; step < k; step++) {
-        if (s->has_gain_model && (step0 + step) % s->gain_every == 0) {
+        if ((step0 + step) % s->gain_every == 0) {
             if (update_gains(s) < 0) return NULL;
         }
         if (read_state(s, st) < 0) return NULL;
@@ -980,7 +973,6 @@ static PyObject* Servo_get_q_last(Servo* s, void* closure) {
 static PyMethodDef Servo_methods[] = {
     {"read", (PyCFunction)Servo_read, METH_NOARGS, "Read the joints through the C API."},
     {"rebind", (PyCFunction)Servo_rebind, METH_VARARGS, "rebind(body, read_idx, dof_idx, has_ft)"},
-    {"set_gains", (PyCFunction)Servo_set_gains, METH_VARARGS, "set_gains(kp, kd, kpos, damp)"},
     {"set_limits", (PyCFunction)Servo_set_limits, METH_VARARGS,
      "set_limits(lim, alpha, vmax, lagged)"},
     {"set_command", (PyCFunction)Servo_set_command, METH_VARARGS, "set_command(mode, target)"},
@@ -1021,16 +1013,10 @@ static PyObject* Servo_get_drift(Servo* s, void* closure) {
     return to_list(s->drift, s->n);
 }
 
-static PyObject* Servo_get_has_gain_model(Servo* s, void* closure) {
-    (void)closure;
-    return PyBool_FromLong(s->has_gain_model);
-}
-
 static PyGetSetDef Servo_getset[] = {
     {"normals_left", (getter)Servo_get_normals_left, NULL, "Unused normals.", NULL},
     {"uniforms_left", (getter)Servo_get_uniforms_left, NULL, "Unused uniforms.", NULL},
     {"drift", (getter)Servo_get_drift, NULL, "Encoder drift, rad.", NULL},
-    {"has_gain_model", (getter)Servo_get_has_gain_model, NULL, "Gains refreshed in C.", NULL},
     {"tau", (getter)Servo_get_tau, NULL, "Motor torque of the last step.", NULL},
     {"q_last", (getter)Servo_get_q_last, NULL, "Joint positions of the last read.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

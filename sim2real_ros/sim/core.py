@@ -313,10 +313,8 @@ class SimCore:
                 self._refill()
                 r = nat.sense(buf, plant._steps)
             if r > 0:
-                stamp = float(buf[0])
-                self._last_stamp_s = stamp
-                n2 = 2 * n + 1
-                obs = Observation(now, stamp, buf[1:n + 1], buf[n + 1:n2], buf[n2:n2 + n],
+                n2 = 2 * n + 1  # the C path keeps its own last stamp
+                obs = Observation(now, float(buf[0]), buf[1:n + 1], buf[n + 1:n2], buf[n2:n2 + n],
                                   buf[n2 + n:], True)
                 self._last_obs = obs
                 return obs

@@ -268,9 +268,11 @@ class ArmPlant:
         self._tau: list[float] = [0.0] * self.n
         self._q = np.zeros(self.n)
         self._qd = np.zeros(self.n)
-        # The step loop: C (sim/_servo.c) when it is built and the client handle checks out,
+        # The step loop: C (sim/_servo.c) when it is built and the client handles check out,
         # else Python. native=None picks C unless SIM2REAL_SIM_PYTHON=1; both give the same
-        # trajectory bit for bit (test/test_sim_native.py).
+        # trajectory bit for bit (test/test_sim_native.py). The C loop refreshes the gains
+        # itself, so it runs arms whose movable joints are all chain joints; an arm with others
+        # (a gripper) runs the Python loop.
         if native is None:
             native = os.environ.get(FORCE_PYTHON_ENV, "") in ("", "0")
         self._want_native = bool(native) and NATIVE_AVAILABLE
@@ -578,23 +580,20 @@ class ArmPlant:
         # One getJointStates call reads the chain and the F/T joint together.
         self._read_idx = self._idx + ([self._ft_idx] if self._ft_idx >= 0 else [])
         self._u_idx = [pb.getJointInfo(self._body, j, physicsClientId=c)[4] for j in self._idx]
-        self._servo = self._make_servo(self._servo) if self._want_native else None
+        if self._servo is not None:
+            self._rebind_servo()
+        elif self._want_native and not self._other_movable:
+            self._servo = self._make_servo()
 
-    def _make_servo(self, servo: Any = None) -> Any:
-        """Build the C step loop on this client's body (or move `servo`, with all its state, to
-        the reloaded body); None (Python loop) if it fails a check."""
+    def _make_servo(self) -> Any:
+        """Build the C step loop on this client's body; None (Python loop) if it fails a check."""
         handle = _pbnative.client_handle(self._client)
-        if handle is None or _native is None:
+        self._nc_handle = _pbnative.client_handle(self._nc)
+        if handle is None or self._nc_handle is None or _native is None:
             return None
         try:
-            if servo is None:
-                servo = _native.Servo(handle, self._body, self._read_idx, self._u_idx,
-                                      self._ft_idx >= 0, pb.TORQUE_CONTROL)
-            else:
-                servo.rebind(self._body, self._read_idx, self._u_idx, self._ft_idx >= 0)
-                if not self._same_state(servo):
-                    # It held the sensor state of a running episode: there is no quiet way back.
-                    raise RuntimeError("C step loop lost its client after reloading the arm")
+            servo = _native.Servo(handle, self._body, self._read_idx, self._u_idx,
+                                  self._ft_idx >= 0, pb.TORQUE_CONTROL)
             ok = self._same_state(servo)
         except (RuntimeError, ValueError) as exc:
             warnings.warn(f"C step loop unavailable ({exc}); using the Python loop", stacklevel=3)
@@ -608,6 +607,15 @@ class ArmPlant:
         servo.set_ft_frame(self._ft_rot.ravel().tolist(), list(self._ft_com_t))
         return servo
 
+    def _rebind_servo(self) -> None:
+        """Move the C loop, with all its state, to the reloaded arm."""
+        servo = self._servo
+        servo.rebind(self._body, self._read_idx, self._u_idx, self._ft_idx >= 0)
+        if not self._same_state(servo):
+            # It holds the sensor state of a running episode: there is no quiet way back.
+            raise RuntimeError("C step loop lost its client after reloading the arm")
+        servo.set_ft_frame(self._ft_rot.ravel().tolist(), list(self._ft_com_t))
+
     def _same_state(self, servo: Any) -> bool:
         """True when the C API handle reads what pybullet.getJointStates reads."""
         ref = pb.getJointStates(self._body, self._read_idx, physicsClientId=self._client)
@@ -618,15 +626,9 @@ class ArmPlant:
         )
 
     def _set_gain_model(self) -> None:
-        """Let the C loop refresh the gains itself (arms whose movable joints are all chain
-        joints; otherwise the Python side refreshes them between calls)."""
-        if self._servo is None or self._other_movable:
-            return
-        handle = _pbnative.client_handle(self._nc)
-        if handle is None:
-            return
+        """Give the C loop what it refreshes the gains from (the nominal arm and the params)."""
         self._servo.set_gain_model(
-            handle, self._nominal_body, self._dof.tolist(),
+            self._nc_handle, self._nominal_body, self._dof.tolist(),
             np.broadcast_to(self._kp_per_inertia, (self.n,)).tolist(),
             np.broadcast_to(self._kd_per_inertia, (self.n,)).tolist(),
             self._damping.tolist(), self.physics_dt_s, GAIN_UPDATE_STEPS,
@@ -637,7 +639,7 @@ class ArmPlant:
         return np.array([s[0] for s in states]), np.array([s[1] for s in states])
 
     def _last_q(self) -> np.ndarray:
-        """The joint positions last read (by a step or a sensor): what the gains follow."""
+        """The joint positions last read (by a step or a sensor), as the gains see them."""
         return np.array(self._servo.q_last) if self._servo is not None else self._q
 
     @property
@@ -749,7 +751,7 @@ class ArmPlant:
     @property
     def servo_gains(self) -> tuple[np.ndarray, np.ndarray]:
         """Current (kp N·m/rad, kd N·m·s/rad) of the position servo."""
-        if self._servo is not None and self._servo.has_gain_model:
+        if self._servo is not None:
             kp, kd = self._servo.gains()[:2]  # the C loop refreshes them itself
             return np.array(kp), np.array(kd)
         return self._kp.copy(), self._kd.copy()
@@ -791,14 +793,10 @@ class ArmPlant:
         # Each joint's loop is tuned for the inertia it sees with the other joints free,
         # 1/(M⁻¹)_jj, not M_jj: at a straight arm the lift/elbow "scissor" mode is ~30x lighter
         # than M_jj says, and gains from M_jj would put it at the edge of stability.
-        servo = self._servo
-        if servo is not None and servo.has_gain_model:
-            # The same computation in C (sim/_servo.c update_gains), on the same last state.
-            servo.update_gains()
-            kp, kd, kp_eff, kd_eff, kpos, damp = servo.gains()
-            self._kp, self._kd = np.array(kp), np.array(kd)
-            self._kp_l, self._kd_l, self._kpos_l, self._damp_l = kp_eff, kd_eff, kpos, damp
-            self._damp_eff = np.array(damp)
+        if self._servo is not None:
+            # The same computation in C (sim/_servo.c update_gains), on the same last state;
+            # the gains stay there (servo_gains reads them back).
+            self._servo.update_gains()
             return
         full = self._full_q(self._q)
         m_nom = self._free_inertia(
@@ -826,8 +824,6 @@ class ArmPlant:
             self._kd > 0, self._kp / np.maximum(self._kd, 1e-300), 0.0
         ).tolist()
         self._damp_l = self._damp_eff.tolist()
-        if servo is not None:
-            servo.set_gains(self._kp_l, self._kd_l, self._kpos_l, self._damp_l)
 
     def _free_inertia(self, mass_matrix: Any) -> np.ndarray:
         """Return 1/(M⁻¹)_jj for the chain joints: the inertia each sees, the others free."""
@@ -845,11 +841,13 @@ class ArmPlant:
         # parsing happens only for the steps a sensor actually reads.
         self._hraw: list[Any] = [None] * length
         self._htau: list[Any] = [None] * length
-        n = self.n
-        self._hbuf = (np.zeros((length, n)), np.zeros((length, n)), np.zeros((length, n)),
-                      np.zeros((length, 6)))
-        if self._servo is not None:
-            self._servo.set_history(*self._hbuf)
+        if self._want_native:
+            # The C loop's history: (L, n) q, qd, tau and (L, 6) raw F/T reaction.
+            n = self.n
+            self._hbuf = (np.zeros((length, n)), np.zeros((length, n)), np.zeros((length, n)),
+                          np.zeros((length, 6)))
+            if self._servo is not None:
+                self._servo.set_history(*self._hbuf)
 
     def history_at(self, t_s: float) -> PlantState:
         """Return the state at the last physics step at or before t_s (clipped to the buffer)."""
@@ -880,29 +878,12 @@ class ArmPlant:
     def advance_steps(self, n: int) -> None:
         """Advance n physics steps with the held command (no state read at the end)."""
         servo = self._servo
-        if servo is not None and servo.has_gain_model:
+        if servo is not None:
             servo.advance(n, self._steps)  # the whole loop, gain refreshes included, in C
             self._steps += n
             self._t_s = self._steps * self.physics_dt_s
-        elif servo is not None:
-            self._advance_native(int(n))
         else:
             self._advance_python(int(n))
-
-    def _advance_native(self, n: int) -> None:
-        # The C loop runs up to the next gain refresh; the refresh runs here, at the same steps
-        # and on the same state as in the Python loop.
-        servo = self._servo
-        while n > 0:
-            r = self._steps % GAIN_UPDATE_STEPS
-            if r == 0:
-                self._update_gains()
-            k = min(n, GAIN_UPDATE_STEPS - r)
-            servo.advance(k, self._steps)
-            self._steps += k
-            n -= k
-            self._q = np.array(servo.q_last)
-        self._t_s = self._steps * self.physics_dt_s
 
     def _advance_python(self, n: int) -> None:
         # The hot loop runs on Python floats: for six joints that is ~6x faster than numpy's
