@@ -74,6 +74,11 @@ class TaskConfig:
     max_acceleration_rad_s2: tuple[float, ...] = ()
     max_jerk_rad_s3: tuple[float, ...] = ()
     limit_fraction: float = 0.8
+    # Cap of the tool-speed bound sum_i |J_i| |v_i| the requested joint velocities may give
+    # (m/s; the safety filter's Cartesian check bounds the tool speed the same way). 0 = the
+    # envelope's max_tool_speed_m_s x limit_fraction (resolved like the rate limits); < 0 = no
+    # cap (policy files written before the cap existed are read with -1: they act as trained).
+    max_tool_speed_m_s: float = 0.0
     # reward weights (documented in docs/policy.md)
     reward_success: float = 10.0
     reward_action_l2: float = 0.002
@@ -125,6 +130,8 @@ class TaskConfig:
         kw: dict[str, Any] = {}
         if not strict and "action_interface" not in data:
             kw["action_interface"] = "step"
+        if not strict and "max_tool_speed_m_s" not in data:
+            kw["max_tool_speed_m_s"] = -1.0
         for k, v in data.items():
             if k not in known:
                 continue
@@ -159,6 +166,11 @@ class TaskConfig:
         if self.action_interface not in ACTION_INTERFACES:
             raise ConfigError(source, "action_interface", self.action_interface,
                               f"one of {list(ACTION_INTERFACES)}")
+        cap = self.max_tool_speed_m_s
+        if not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap)
+                and cap <= 10.0):
+            raise ConfigError(source, "max_tool_speed_m_s", cap,
+                              "a finite number <= 10 m/s (0 = from the envelope, < 0 = no cap)")
         for key in RATE_LIMIT_KEYS:
             vals = getattr(self, key)
             if any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)
@@ -244,7 +256,8 @@ def resolve_rate_limits(cfg: TaskConfig, arm: ArmModel) -> TaskConfig:
     The envelope is the shipped config/safety_envelope.yaml when it is written for this robot,
     else the one `sim2real safety derive-envelope` derives from the URDF (the same defaults).
     """
-    if not cfg.jerk_limited or all(getattr(cfg, k) for k in RATE_LIMIT_KEYS):
+    if not cfg.jerk_limited or (all(getattr(cfg, k) for k in RATE_LIMIT_KEYS)
+                                and cfg.max_tool_speed_m_s != 0.0):
         return cfg
     from sim2real_ros.config import load_yaml
     from sim2real_ros.paths import share_path
@@ -261,11 +274,13 @@ def resolve_rate_limits(cfg: TaskConfig, arm: ArmModel) -> TaskConfig:
         "max_acceleration_rad_s2": "acceleration_rad_s2",
         "max_jerk_rad_s3": "jerk_rad_s3",
     }
-    kw = {
+    kw: dict[str, Any] = {
         key: tuple(float(joints[n][env_key]) * f for n in arm.joint_names)
         for key, env_key in per_joint.items()
         if not getattr(cfg, key)
     }
+    if cfg.max_tool_speed_m_s == 0.0:
+        kw["max_tool_speed_m_s"] = float(data["workspace"]["max_tool_speed_m_s"]) * f
     out = replace(cfg, **kw)
     out.validate(path, n_joints=arm.n_joints)
     return out
@@ -357,6 +372,20 @@ def apply_action(
     return np.clip(nxt, arm.lower_rad, arm.upper_rad)
 
 
+_KINEMATICS: dict[int, Any] = {}
+
+
+def tool_lever_arms(arm: ArmModel, q: np.ndarray) -> np.ndarray:
+    """Per joint, how fast the tool moves per rad/s of that joint at q (|J_i|, m/rad)."""
+    kin = _KINEMATICS.get(id(arm))
+    if kin is None or kin[0] is not arm:
+        from sim2real_ros.policy.kinematics import BatchKinematics
+
+        kin = _KINEMATICS[id(arm)] = (arm, BatchKinematics(arm))
+    _, jac = kin[1].tool_and_jacobian(np.asarray(q, dtype=float)[None])
+    return np.linalg.norm(jac[0], axis=0)
+
+
 def advance_command(
     cfg: TaskConfig, arm: ArmModel, history: np.ndarray, q: np.ndarray, action: np.ndarray
 ) -> np.ndarray:
@@ -381,6 +410,16 @@ def advance_command(
     jmax = np.asarray(cfg.max_jerk_rad_s3)
     a = np.clip(np.asarray(action, dtype=float), -1.0, 1.0)
     v_req = vmax * a * np.abs(a)
+    if cfg.max_tool_speed_m_s > 0:
+        # The safety filter bounds the tool speed by sum_i L_i w_i (lever arm times the peak
+        # speed while braking); the sqrt law below keeps w_i <= |v_req,i|, so capping the
+        # request's bound keeps the filter's (the expert caps its own plan, the learner's
+        # imitation error does not: 15 of 17 interventions that started a projector episode
+        # on the proxy were this bound).
+        levers = tool_lever_arms(arm, h[0])
+        bound = float(np.sum(levers * np.abs(v_req)))
+        if bound > cfg.max_tool_speed_m_s:
+            v_req = v_req * (cfg.max_tool_speed_m_s / bound)
     off = h[0] - np.asarray(q, dtype=float)
     v_req = np.where(off > cfg.max_offset_rad, np.minimum(v_req, 0.0), v_req)
     v_req = np.where(off < -cfg.max_offset_rad, np.maximum(v_req, 0.0), v_req)

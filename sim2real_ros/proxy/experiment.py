@@ -21,6 +21,7 @@ report stage, after every fit, to compare the recovered parameters with the hidd
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -82,9 +83,10 @@ class ExperimentConfig:
     excitation_s: float = 20.0
     # step 4
     finetune_trajectories: int = 100
-    # shadow: the baseline drives the proxy and the fine-tune learns what it did (the policy
-    # room's finetune imitates the commands that reached the arm)
-    collect_rollout_stage: str = "shadow"
+    # limited: the best policy on the proxy so far drives inside the reduced envelope and the
+    # fine-tune learns the commands that reached the arm. (Run 5 collected in shadow: the
+    # baseline drove, and a last layer fitted to the baseline's commands reached nothing.)
+    collect_rollout_stage: str = "limited"
     # budget shown in the progress display (s); informational
     budget_s: float = 45 * 60.0
 
@@ -244,6 +246,26 @@ POLICY_SOURCES = (
     ("calibrated", "s3c_train_calibrated", "calibrated/policy.pt"),
     ("finetuned", "s4b_finetune", "finetuned/policy.pt"),
 )
+
+
+def best_proxy_policy(ctx: Context) -> tuple[str, dict[str, float]]:
+    """The policy with the highest proxy success among the sealed evaluations (steps 2-3).
+
+    Step 4 fine-tunes the best policy the cell has seen, not whichever came last; a tie goes
+    to the later step (the one with more evidence behind it).
+    """
+    sources = [("nominal", "s2_proxy_gap"), ("randomized", "s2_proxy_gap"),
+               ("calibrated", "s3d_proxy_calibrated")]
+    rates: dict[str, float] = {}
+    for label, stage in sources:
+        if not ctx.run.is_sealed(stage):
+            continue
+        data = json.loads(ctx.run.artifact(stage, f"proxy_eval_{label}.json").read_text())
+        rates[label] = float(data["summary"]["success_rate"])
+    if not rates:
+        raise StageBlocked("step 4: no sealed proxy evaluation to choose the parent from")
+    best = max(reversed(list(rates)), key=lambda k: rates[k])
+    return best, rates
 
 
 def registry_version(ctx: Context, name: str) -> int:
@@ -670,14 +692,17 @@ def stage_proxy_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
 
 
 def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 4a: N proxy trajectories in the collect stage (shadow: the baseline drives, the
-    calibrated policy observes), recorded live by `sim2real sysid record`."""
+    """Step 4a: N proxy trajectories in the collect stage (limited: the best policy on the proxy
+    so far drives inside the reduced envelope), recorded live by `sim2real sysid record`."""
     _require("sim2real_ros.sysid.cli", "recording proxy trajectories (sim2real sysid record)")
     from sim2real_ros.policy.task import TaskConfig
     from sim2real_ros.proxy.evaluate import observe_unit_id
     from sim2real_ros.proxy.scoring import episode_targets, summarize
 
-    version = registry_version(ctx, "calibrated")
+    label, rates = best_proxy_policy(ctx)
+    ctx.progress.say(f"step 4 collects with the best policy on the proxy so far: {label} "
+                     f"(proxy success {', '.join(f'{k} {v:.2f}' for k, v in rates.items())})")
+    version = registry_version(ctx, label)
     # Different targets from the evaluation's: the fine-tune never sees the test targets.
     targets = episode_targets(ctx.cfg.seed + 104729, ctx.cfg.finetune_trajectories,
                               TaskConfig(), ctx.arm)
@@ -822,7 +847,8 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
     _require("sim2real_ros.policy.finetune", "the last-layer fine-tune (sim2real policy finetune)")
     from sim2real_ros.policy.registry import PolicyRegistry
 
-    parent = registry_version(ctx, "calibrated")
+    label, rates = best_proxy_policy(ctx)
+    parent = registry_version(ctx, label)
     ctx.run.verify("s4a_collect")
     bags = sorted(p for p in (ctx.run.stage_dir("s4a_collect") / "bags").iterdir() if p.is_dir())
     _sim2real(["policy", "finetune", *[str(b) for b in bags], "--version", str(parent),
@@ -835,12 +861,21 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
     rec = reg.record(child)
     reg.export(child, out / "finetuned" / "policy.pt")
     write_json(out / "finetune_report.json", {"parent_version": parent, "child_version": child,
+                                              "parent_label": label,
+                                              "proxy_success_by_policy": rates,
                                               "metadata": rec.metadata})
     policy, _ = reg.load(child)
-    calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
-    sim = _sim_eval(ctx, policy, None, out / "sim_eval_finetuned.json", "finetuned",
-                    calibration=calibration)
-    return {"parent_version": parent, "sim_eval": sim,
+    # Sim success of the child in its parent's simulator.
+    if label == "calibrated":
+        calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
+        sim = _sim_eval(ctx, policy, None, out / "sim_eval_finetuned.json", "finetuned",
+                        calibration=calibration)
+    else:
+        from sim2real_ros.policy.env import load_spec
+
+        sim = _sim_eval(ctx, policy, load_spec("none" if label == "nominal" else "default"),
+                        out / "sim_eval_finetuned.json", "finetuned")
+    return {"parent_version": parent, "parent_label": label, "sim_eval": sim,
             "finetune": rec.metadata.get("finetune", {})}
 
 
@@ -865,10 +900,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy; audit",
           ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated"),
           stage_proxy_calibrated),
-    Stage("s4a_collect", 4, "collect proxy trajectories (baseline acting, policy in shadow)",
-          ("s1_train", "s3c_train_calibrated"), stage_collect),
-    Stage("s4b_finetune", 4, "fine-tune the last layer on them", ("s4a_collect",),
-          stage_finetune),
+    Stage("s4a_collect", 4, "collect proxy trajectories (the best proxy policy so far acting, "
+          "limited stage)",
+          ("s1_train", "s2_proxy_gap", "s3c_train_calibrated", "s3d_proxy_calibrated"),
+          stage_collect),
+    Stage("s4b_finetune", 4, "fine-tune the last layer on them",
+          ("s2_proxy_gap", "s3d_proxy_calibrated", "s4a_collect"), stage_finetune),
     Stage("s4c_proxy_finetuned", 4, "fine-tuned policy on the proxy; audit",
           ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated",
            "s4b_finetune"), stage_proxy_finetuned),

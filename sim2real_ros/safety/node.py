@@ -55,6 +55,7 @@ from sim2real_ros.safety.supervisor import (
     SupervisorConfig,
 )
 from sim2real_ros.safety.timebase import RATE_TIME_BASES, SMOOTHED, RateTimeBase
+from sim2real_ros.safety.ticks import DEFAULT_GRACE_PERIODS, TickScheduler
 
 NODE_NAME = "safety_filter"
 COMMAND_TOPICS = {
@@ -88,6 +89,12 @@ PARAMS = [
     ParamSpec("tick_on_command", True,
               "Also run the loop when the driving source's command arrives (lower latency); "
               "the timer keeps the rate and the watchdog when commands stop.", read_only=RO),
+    ParamSpec("late_command_grace_periods", DEFAULT_GRACE_PERIODS,
+              "With tick_on_command: the timer re-projects the driving source's last command "
+              "only once it is this many control periods old (a later one is still one "
+              "sample of the stream: projected once when it arrives, never repeated or "
+              "skipped); in between the arm holds its last setpoint.", low=1.0, high=10.0,
+              read_only=RO),
     ParamSpec("rate_time_base", SMOOTHED,
               "dt the projection's velocity/acceleration/jerk limits divide a command change "
               "by: arrival (measured tick interval, clamped to [0.5, 2] periods: ms arrival "
@@ -234,7 +241,8 @@ class SafetyFilter(Node):
         self.mode = p["command_interface"]
         self.counter = EventCounter()
         self._throttle: dict[tuple[str, str, str], tuple[float, int]] = {}
-        self._last_tick_s: float | None = None
+        self._ticks = TickScheduler(period, p["tick_on_command"],
+                                    p["late_command_grace_periods"])
         self._timebase = RateTimeBase(p["rate_time_base"], period)
         self._tick_wall_us: list[float] = []
         self._alarm = ""
@@ -345,24 +353,20 @@ class SafetyFilter(Node):
 
     # -- the loop --------------------------------------------------------------------------
     def _tick_on_command(self) -> None:
-        if not self.p["tick_on_command"]:
-            return
-        now = self._now_s()
-        if self._last_tick_s is None or now - self._last_tick_s >= 0.5 * self.period_s:
+        if self._ticks.on_command(self._now_s()):
             self._tick()
 
     def _on_timer(self) -> None:
-        now = self._now_s()
-        # Skip when a command-driven tick just ran: the rate stays at most 1 / (0.5 period).
-        if self._last_tick_s is not None and 0.0 <= now - self._last_tick_s < 0.9 * self.period_s:
-            return
-        self._tick()
+        # safety/ticks.py: one tick per new command of the driving source; the timer runs
+        # the loop when the filter holds or the stream is late (or tick_on_command is off).
+        if self._ticks.on_timer(self._now_s(), holding=self.sup.source == SOURCE_HOLD):
+            self._tick()
 
     def _tick(self) -> None:
         t0 = time.perf_counter()
         now = self._now_s()
         dt = self._timebase.tick(now, hold=self.sup.source == SOURCE_HOLD)
-        self._last_tick_s = now
+        self._ticks.ticked(now)
         res = self.sup.tick(now, dt)
         if res.command:
             out = [res.command[i] for i in self._out_index]
@@ -503,6 +507,8 @@ class SafetyFilter(Node):
             "tick_p99_us": ticks[int(0.99 * (len(ticks) - 1))] if ticks else 0.0,
             "rate_time_base": self._timebase.mode,
             "rate_dt_s": self._timebase.last_dt_s,
+            "late_stream_ticks": self._ticks.late_ticks,
+            "superseded_commands": self._ticks.superseded,
         }
         for key, count in sorted(self.counter.by_limit.items()):
             values[f"count.{key}"] = count
