@@ -245,3 +245,48 @@ def test_jerk_limited_observation_carries_the_command_rates() -> None:
     assert o.shape == (36,)
     np.testing.assert_allclose(o[24:30], 0.2, atol=1e-5)  # (0.003 - 0.001) / 0.01
     np.testing.assert_allclose(o[30:36], 0.0 + (0.003 - 0.002 + 0.0) / 1e-4, atol=1e-2)
+
+
+def test_jerk_limited_tool_speed_cap_resolves_from_the_envelope_and_holds_the_filter_bound() -> None:
+    """The safety filter bounds the tool speed by sum_i L_i w_i (lever arm x peak braking
+    speed); the interface caps the request's bound so a full-speed action never trips it."""
+    from sim2real_ros.config import load_yaml
+    from sim2real_ros.paths import share_path
+    from sim2real_ros.policy.task import tool_lever_arms
+    from sim2real_ros.safety.envelope import load_envelope
+    from sim2real_ros.safety.projection import Projector
+
+    cfg = resolve_rate_limits(TaskConfig(), ARM)
+    env_path = share_path("config", "safety_envelope.yaml")
+    speed_max = float(load_yaml(env_path)["workspace"]["max_tool_speed_m_s"])
+    assert cfg.max_tool_speed_m_s == pytest.approx(0.8 * speed_max)
+    uncapped = replace(cfg, max_tool_speed_m_s=-1.0)
+    proj = Projector(load_envelope(env_path, ARM), ARM, cfg.dt_s)
+    rng = np.random.default_rng(11)
+    worst = {"capped": 0.0, "uncapped": 0.0}
+    tool_speed_events = {"capped": 0, "uncapped": 0}
+    for trial in range(12):
+        act = rng.choice([-1.0, 1.0], size=6)  # every joint at full request speed
+        for name, c in (("capped", cfg), ("uncapped", uncapped)):
+            q = np.array(cfg.home_rad)
+            hist = initial_history(q)
+            proj.reset(list(q))
+            for _ in range(60):
+                hist = advance_command(c, ARM, hist, q, act)
+                v = (hist[0] - hist[1]) / c.dt_s
+                worst[name] = max(worst[name], float(np.sum(tool_lever_arms(ARM, hist[0])
+                                                            * np.abs(v))))
+                res = proj.project_position(None, list(hist[0]), c.dt_s, list(q))
+                tool_speed_events[name] += sum(e.limit == "tool_speed" for e in res.events)
+                hist[0] = np.array(res.command)  # what reached the arm
+                q = q + 0.5 * (hist[0] - q)
+    # The capped command's lever bound stays at the cap (one period of rounding); uncapped,
+    # the same actions ask for far more and the filter's Cartesian check brakes them.
+    assert worst["capped"] <= cfg.max_tool_speed_m_s * 1.02
+    assert worst["uncapped"] > 1.1 * cfg.max_tool_speed_m_s, worst
+    assert tool_speed_events["capped"] == 0 < tool_speed_events["uncapped"], tool_speed_events
+    # A policy file written before the cap acts as trained (no cap); a bad value is refused.
+    old = {k: v for k, v in cfg.to_dict().items() if k != "max_tool_speed_m_s"}
+    assert TaskConfig.from_dict(old, strict=False).max_tool_speed_m_s == -1.0
+    with pytest.raises(ConfigError, match="max_tool_speed_m_s"):
+        TaskConfig.from_dict({"max_tool_speed_m_s": float("nan")})
