@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
     fit.add_argument("--params", nargs="+", default=None,
                      help="parameter groups to fit (default: damping, friction, kp, mass, "
                      "inertia, payload, latency)")
+    fit.add_argument("--hold-regression", nargs="+", default=None, metavar="GROUP",
+                     help="groups taken from the effort regression (inverse dynamics on the "
+                     "measured drive torques) and held there; the simulation fit then fits "
+                     "only the other groups (the drive). Use when the simulator's servo is "
+                     "not the unit's drive (docs/sysid.md)")
     fit.add_argument("--validation-runs", nargs="+", default=None,
                      help="bag names held out (default: the last third)")
     fit.add_argument("--max-iterations", type=int, default=10)
@@ -214,6 +219,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             max_iterations=args.max_iterations, solver=args.solver,
             validation_runs=tuple(args.validation_runs) if args.validation_runs else None,
             progress=not args.no_progress,
+            hold_regression=tuple(args.hold_regression or ()),
         )
         try:
             result = fit(runs, opts, plant=plant, log=lambda m: print(f"[sysid] {m}"))

@@ -41,8 +41,9 @@ LATENCY = "action_latency_s"
 PARAM_GROUPS: dict[str, tuple[float, float, float, bool]] = {
     "joint_damping_nms": (0.0, 50.0, 0.5, True),
     "joint_friction_nm": (0.0, 30.0, 1.0, True),
-    "kp_scale": (0.2, 5.0, 1.0, True),
-    "kd_scale": (0.2, 5.0, 1.0, True),
+    # Down to 0.05: the sim's servo is scheduled at 20 Hz; a 6 Hz drive is kp x 0.09.
+    "kp_scale": (0.05, 5.0, 1.0, True),
+    "kd_scale": (0.05, 5.0, 1.0, True),
     "armature_kgm2": (0.0, 1.0, 0.01, True),
     "mass_scale": (0.3, 3.0, 1.0, False),
     "inertia_scale": (0.2, 5.0, 1.0, False),
@@ -90,12 +91,23 @@ class FitOptions:
     physics_dt_s: float = 1e-3
     progress: bool = True
     weights: dict[str, float] = field(default_factory=lambda: {"q": 1.0, "qd": 1.0, "tau": 1.0})
+    # Groups taken from the effort regression and held there in the simulation fit, which then
+    # fits only the rest (the drive: kp, kd, latency). The regression uses the plant's inverse
+    # dynamics and the measured drive torques, not the drive; a simulation fit whose servo
+    # model differs from the unit's drive (a PD for a PID) otherwise moves damping, friction
+    # and masses to imitate the drive. Their run-to-run spread is that of per-run regressions.
+    hold_regression: tuple[str, ...] = ()
 
     def check(self) -> None:
         """Raise FitError for an unknown group or an impossible window layout."""
         unknown = [g for g in self.groups if g not in PARAM_GROUPS]
         if unknown:
             raise FitError(f"unknown parameter groups {unknown}; known: {sorted(PARAM_GROUPS)}")
+        bad = [g for g in self.hold_regression if g not in self.groups or g in (
+            LATENCY, "kp_scale", "kd_scale")]
+        if bad:
+            raise FitError(f"hold_regression {bad}: expected fitted groups the effort regression "
+                           "estimates (not kp_scale, kd_scale or the latency)")
         if not 0.02 <= self.window_s <= self.window_every_s:
             raise FitError(
                 f"window_s = {self.window_s}, window_every_s = {self.window_every_s}: "
@@ -974,7 +986,14 @@ def _fit(
     ident = check_identifiability(j_all, [d.name for d in defs], opts.max_rel_std, opts.max_vif)
     for name, why in ident.refused.items():
         say(f"refusing {name}: {why}")
-    free = [i for i, d in enumerate(defs) if d.name in ident.kept]
+    held = [i for i, d in enumerate(defs)
+            if d.group in opts.hold_regression and d.name in warm.values]
+    if held:
+        say("held at the effort regression: " + ", ".join(defs[i].name for i in held))
+        # The pre-check judges the simulation fit, which does not move them.
+        for i in held:
+            ident.refused.pop(defs[i].name, None)
+    free = [i for i, d in enumerate(defs) if d.name in ident.kept and i not in held]
     if not free:
         raise FitError("no parameter is identifiable from these runs: " + str(ident.refused))
 
@@ -1054,10 +1073,27 @@ def _fit(
             for local, run in enumerate(val):
                 rows = vprob.row_run == local
                 per_run[run.name] = _gn_step(jv[rows], fv[rows], res.x, typ, free, defs)
+    if held:
+        # Held values: the regression's, with the spread of one regression per run.
+        for i in held:
+            fitted[defs[i].name] = float(x0[i])
+        if len(runs) >= 2:
+            for r in runs:
+                one = regression_start(plant, [r], base, tuple(opts.groups), latency0,
+                                       opts.max_latency_s, trusted_only=False)
+                if one.rows:
+                    one.values.update(debiased_regression(
+                        plant, [r], base, defs, {**warm.values, **one.values}, latency0,
+                        tuple(opts.groups), opts.max_latency_s))
+                row = per_run.setdefault(r.name, {})
+                for i in held:
+                    row[defs[i].name] = float(one.values.get(defs[i].name, x0[i]))
     spread: dict[str, float] = {}
     if len(per_run) >= 2:
         for name in fitted:
-            spread[name] = float(np.std([v[name] for v in per_run.values()], ddof=1))
+            vals = [v[name] for v in per_run.values() if name in v]
+            if len(vals) >= 2:
+                spread[name] = float(np.std(vals, ddof=1))
 
     held_out = val if val else train
     nominal = plant.resolved_params(PlantParams())
