@@ -15,6 +15,7 @@ from sim2real_ros.sysid import excitation as ex
 from sim2real_ros.sysid import synth
 from sim2real_ros.sysid.fit import (
     LATENCY,
+    FitError,
     FitOptions,
     check_identifiability,
     estimate_latency,
@@ -186,3 +187,41 @@ def test_residual_model_learns_what_the_sim_misses(plant: ArmPlant, tmp_path: Pa
     q, qd = correct_next_state(loaded, np.zeros(6), np.zeros(6), np.ones(6), np.zeros(6),
                                np.zeros(6))
     assert q.shape == (6,) and qd.shape == (6,)
+
+
+@pytest.mark.timeout(600)
+def test_hold_regression_keeps_the_effort_regression_and_fits_only_the_drive(
+        plant: ArmPlant, hidden: PlantParams) -> None:
+    """--hold-regression: the physics comes from the inverse-dynamics regression on the drive
+    torques and stays there; the simulation fit moves only kp and the latency. On this
+    synthetic unit the regression recovers mass and payload (its friction is biased by the
+    simulator's velocity-motor friction, which is why holding is an option, not the default),
+    and every held value gets a run-to-run spread from one regression per run."""
+    runs = _runs(plant, hidden, 2, 5.0)
+    groups = ("joint_friction_nm", "mass_scale", "payload_kg", "kp_scale", LATENCY)
+    hold = ("joint_friction_nm", "mass_scale", "payload_kg")
+    lines: list[str] = []
+    opts = FitOptions(groups=groups, hold_regression=hold, window_every_s=0.75,
+                      max_iterations=4, progress=False, spread=True)
+    result = fit(runs, opts, plant=plant, log=lines.append)
+    assert any(line.startswith("held at the effort regression: ") for line in lines)
+    start_line = next(line for line in lines if line.startswith("start (effort regression"))
+    start = dict(item.split("=") for item in start_line.split(": ", 1)[1].split(", "))
+    truth = plant.resolved_params(hidden)
+    held = [d for d in result.defs if d.group in hold]
+    assert len(held) == 8
+    for d in held:
+        got = result.fitted[d.name]
+        # exactly the regression's start value, and the fitted plant carries it
+        assert f"{got:.3g}" == start[d.name]
+        assert got == pytest.approx(get_value(result.params, result.action_latency_s, d))
+        assert d.name in result.spread and np.isfinite(result.spread[d.name])
+    for name, tol in (("mass_scale", 0.05), ("payload_kg", 0.1)):
+        d = next(d for d in held if d.name == name)
+        want = get_value(truth, HIDDEN_LATENCY_S, d)
+        assert abs(result.fitted[name] - want) <= tol * want, (name, result.fitted[name], want)
+    assert abs(result.action_latency_s - HIDDEN_LATENCY_S) < CONTROL_PERIOD_S
+    # Only what the regression estimates may be held (not the drive, not an unfitted group).
+    for bad in (("kp_scale",), (LATENCY,), ("joint_damping_nms",)):
+        with pytest.raises(FitError, match="hold_regression"):
+            FitOptions(groups=groups, hold_regression=bad).check()
