@@ -150,11 +150,13 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     arm = load_arm(default_urdf())
     trajs = load_trajectories(args.bags, task, arm, args.command_topic, args.target_topic,
                               args.joint_topic)
-    child, rep = finetune_last_layer(policy, trajs, args.heldout, args.seed, args.epochs)
+    child, rep = finetune_last_layer(policy, trajs, args.heldout, args.seed, args.epochs,
+                                     labels=args.labels, arm=arm)
     meta: dict[str, Any] = {
         "source": "finetune",
         "finetune": {**rep.to_dict(), "parent_version": rec.version, "seed": args.seed,
                      "epochs": args.epochs, "command_topic": args.command_topic,
+                     "labels": rep.labels,
                      "layers_changed": "last"},
         "seed": args.seed,
         "sim_success": None,
@@ -170,6 +172,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     new = reg.add(child, meta, parent=rec.version)
     print(f"fine-tuned version {rec.version} on {rep.n_train} trajectories "
           f"({rep.n_train_samples} samples) from {len(rep.bags)} bag(s)")
+    print(f"labels: {rep.labels}")
     print(f"held-out ({rep.n_heldout} trajectories, {rep.n_heldout_samples} samples) RMS "
           f"joint-command error: before {rep.before_rms_rad * 1e3:.3f} mrad, after "
           f"{rep.after_rms_rad * 1e3:.3f} mrad")
@@ -285,6 +288,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c.add_argument("--heldout", type=float, default=0.2, help="fraction of trajectories held out")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--epochs", type=int, default=300)
+    c.add_argument("--labels", choices=("auto", "teacher", "commands"), default="auto",
+                   help="what the last layer learns: the IK teacher's action at each recorded "
+                   "state (teacher), or the recorded command steps (commands, step interface "
+                   "only); auto = teacher for jerk-limited policies (docs/policy.md)")
     c.add_argument("--sim-eval-episodes", type=int, default=50,
                    help="also measure the child's sim success (0 = skip)")
     c.add_argument("--promote", action="store_true")

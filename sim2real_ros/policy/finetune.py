@@ -1,9 +1,21 @@
 """Fine-tune only the last layer of a policy on real trajectories recorded as rosbag2 (MCAP).
 
-What is learned: to reproduce the joint commands that drove the real arm (default topic
-`forward_position_controller/commands`: whatever reached the arm, for instance the baseline
-controller acting while the policy ran in shadow mode), from the observations the policy would
-have seen. Each command is paired with the latest `joint_states` received before it was sent
+What is learned (`labels`):
+
+- `teacher` (the default for the jerk-limited interface): the IK teacher's action at every
+  recorded state, the policy's own training label, now on the states the real arm visited
+  (DAgger's relabelling on real data: the last layer corrects the policy where the real arm
+  took it away from the simulator's state distribution). The teacher needs only q, q̇ and the
+  target, all in the bag.
+- `commands` (the default for the `step` interface): to reproduce the joint commands that drove
+  the real arm (default topic `forward_position_controller/commands`: whatever reached the arm,
+  for instance the baseline controller acting while the policy ran in shadow mode), as the
+  step from the previous command. For the jerk-limited interface that label is wrong: its
+  action requests a command *velocity* the command then approaches under the jerk limit, so
+  fitting the request to the step taken makes the policy request what it already does (the
+  transfer experiment's run 6 child: 0 % in sim and on the proxy). It is refused there.
+
+The observations are those the policy would have seen. Each command is paired with the latest `joint_states` received before it was sent
 (or, for a stamped JointState command topic such as `baseline/joint_command`, the joint state
 whose stamp it carries) and with the latest `task/target`. The label is the step from the
 previous command, the task's action; the observation carries that previous command.
@@ -58,11 +70,14 @@ class Trajectory:
     target_m: np.ndarray  # (3,)
     obs: np.ndarray  # (T, D) raw observations
     step_rad: np.ndarray  # (T, n) recorded joint-command steps
+    q: np.ndarray | None = None  # (T, n) measured joint positions the policy saw, rad
+    qd: np.ndarray | None = None  # (T, n) measured joint velocities, rad/s
 
 
 @dataclass
 class FinetuneReport:
-    """Errors are RMS joint-command step errors on held-out trajectories, rad."""
+    """Errors are RMS joint-command step errors on held-out trajectories, rad: against the
+    recorded step (`commands`) or the teacher's requested step (`teacher`)."""
 
     n_trajectories: int
     n_train: int
@@ -77,6 +92,7 @@ class FinetuneReport:
     train_after_rms_rad: float
     bags: list[str] = field(default_factory=list)
     bag_sha256: str = ""
+    labels: str = "commands"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict."""
@@ -177,19 +193,60 @@ def load_trajectories(
             tool = np.array([arm.tool_position(qq) for qq in q])
             obs = build_observation(task, q, qd, np.broadcast_to(target, (len(k), 3)), tool,
                                     prev, None, hist)
-            out.append(Trajectory(str(p), target.copy(), obs, cmds.values[k] - prev))
+            out.append(Trajectory(str(p), target.copy(), obs, cmds.values[k] - prev,
+                                  q=q.copy(), qd=qd.copy()))
     if not out:
         raise FinetuneError(f"no trajectories found in {[str(b) for b in bag_paths]}")
     return out
 
 
 def _step_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """Per-sample, per-joint error of the policy's step vs the recorded one, rad."""
+    """Per-sample, per-joint error of the policy's step vs the label step, rad."""
     task = TaskConfig.from_dict(policy.task, strict=False)
     out = policy.evaluate(obs)
     scale = step_scale_rad(task, step.shape[-1])
     label = np.clip(step, -scale, scale)
     return action_to_step(task, out.action) - label
+
+
+LABELS = ("auto", "teacher", "commands")
+
+
+def resolve_labels(labels: str, task: TaskConfig) -> str:
+    """`auto` -> `teacher` for the jerk-limited interface, `commands` for `step`; refuse
+    `commands` for a jerk-limited policy (see the module docstring)."""
+    if labels not in LABELS:
+        raise FinetuneError(f"labels {labels!r}: expected one of {list(LABELS)}")
+    if labels == "auto":
+        return "teacher" if task.jerk_limited else "commands"
+    if labels == "commands" and task.jerk_limited:
+        raise FinetuneError(
+            "labels 'commands' fits the action to the recorded command step, but this policy's "
+            "jerk_limited action requests a command velocity (the step follows it under the "
+            "jerk limit): the child would request what it already does. Use labels 'teacher'")
+    return labels
+
+
+def teacher_steps(trajectories: list[Trajectory], task: TaskConfig, arm: ArmModel,
+                  gains: ExpertGains | None = None) -> list[np.ndarray]:
+    """Per trajectory, the teacher's requested step (action_to_step of its action) at every
+    recorded state, rad."""
+    teacher = IKExpert(arm, task, gains)
+    out = []
+    for t in trajectories:
+        if t.q is None or t.qd is None:
+            raise FinetuneError(f"{t.bag}: a trajectory without measured states cannot be "
+                                "relabelled by the teacher")
+        act = teacher.act(t.q, np.broadcast_to(t.target_m, (len(t.q), 3)), t.qd)
+        out.append(action_to_step(task, act))
+    return out
+
+
+def _default_arm() -> ArmModel:
+    from sim2real_ros.paths import default_urdf
+    from sim2real_ros.robot.model import load_arm
+
+    return load_arm(default_urdf())
 
 
 def _rms(err: np.ndarray) -> float:
@@ -205,8 +262,17 @@ def finetune_last_layer(
     lr: float = 3e-3,
     l2_to_init: float = 1e-3,
     batch_size: int = 1024,
+    labels: str = "auto",
+    arm: ArmModel | None = None,
 ) -> tuple[EnsemblePolicy, FinetuneReport]:
-    """Return a child policy whose members' output layers fit the recorded steps, and a report."""
+    """Return a child policy whose members' output layers fit the labels (module docstring)
+    on the recorded states, and a report."""
+    task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False),
+                                arm or _default_arm())
+    labels = resolve_labels(labels, task0)
+    if labels == "teacher":
+        steps = teacher_steps(trajectories, task0, arm or _default_arm())
+        trajectories = [replace(t, step_rad=s) for t, s in zip(trajectories, steps)]
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction = {heldout_fraction}: expected a value in (0, 1)")
     if len(trajectories) < 2:
@@ -274,6 +340,7 @@ def finetune_last_layer(
         train_before_rms_rad=_rms(before_t),
         train_after_rms_rad=_rms(after_t),
         bags=sorted({t.bag for t in trajectories}),
+        labels=labels,
     )
     report.bag_sha256 = _bags_sha256([Path(b) for b in report.bags])
     return child, report
