@@ -24,6 +24,7 @@ from std_srvs.srv import Trigger
 
 from sim2real_ros.config import ConfigError
 from sim2real_ros.paths import default_urdf
+from sim2real_ros.policy.pacing import DEFAULT_MIN_GAP_PERIODS, CommandPacer
 from sim2real_ros.policy.registry import PolicyRegistry, VersionRecord
 from sim2real_ros.policy.runner import PolicyRunner
 from sim2real_ros.robot.model import load_arm
@@ -51,6 +52,10 @@ PARAMS = [
               read_only=True),
     ParamSpec("rate_hz", 100.0, "Control rate, Hz; should equal the rate the policy was "
               "trained at (diagnostics warn otherwise).", low=1.0, high=1000.0, read_only=True),
+    ParamSpec("min_command_gap_periods", DEFAULT_MIN_GAP_PERIODS,
+              "A tick less than this share of a control period after the previous command "
+              "waits for that gap (an overdue timer firing again at once must not send a burst "
+              "of trajectory; policy/pacing.py).", low=0.0, high=0.99, read_only=True),
     ParamSpec("stale_timeout_s", 0.05, "An observation older than this is stale: nothing is "
               "published, s.", low=0.001, high=10.0),
     ParamSpec("stale_clock", "receipt", "How an observation's age is measured: 'receipt' = "
@@ -107,6 +112,9 @@ class PolicyNode(Node):
         self._target: np.ndarray | None = None
         self._state = STATE_NO_STATE
         self._published = 0
+        self._pacer = CommandPacer(1.0 / float(self.p["rate_hz"]),
+                                   float(self.p["min_command_gap_periods"]))
+        self._defer_timer: Any = None
         self._stale_ticks = 0
         self._bad_messages = 0
         self._last_error = ""
@@ -261,6 +269,13 @@ class PolicyNode(Node):
                 self.get_logger().warning(f"publishing nothing: {state}")
             self._publish_diagnostics()
 
+    def _deferred_tick(self) -> None:
+        timer, self._defer_timer = self._defer_timer, None
+        if timer is not None:
+            timer.cancel()
+            self.destroy_timer(timer)
+        self._tick()
+
     def _tick(self) -> None:
         runner = self.runner
         assert runner is not None
@@ -287,6 +302,13 @@ class PolicyNode(Node):
         if runner.task.include_wrench and wrench is None:
             self._set_state(STATE_NO_STATE)
             return
+        wait = self._pacer.wait_s(self._now_s())
+        if wait > 0.0:
+            # The previous command went out less than the minimum gap ago (an overdue timer
+            # firing again at once): answer at the gap instead of in a burst.
+            if self._defer_timer is None:
+                self._defer_timer = self.create_timer(wait, self._deferred_tick)
+            return
         fresh = self._now_s() - self._executed_recv_s <= float(
             self.p["executed_command_timeout_s"])
         if not fresh:
@@ -306,6 +328,7 @@ class PolicyNode(Node):
         conf.vector.z = float(self.record.version)
         self.conf_pub.publish(conf)
         self._published += 1
+        self._pacer.sent(self._now_s())
         self._last_dis, self._last_ood = out.disagreement_rad, out.ood
         self._max_dis = max(self._max_dis, out.disagreement_rad)
         self._max_ood = max(self._max_ood, out.ood)
@@ -344,6 +367,7 @@ class PolicyNode(Node):
             "stale_timeout_s": float(self.p["stale_timeout_s"]),
             "stale_clock": self.p["stale_clock"],
             "commands_published": self._published,
+            "ticks_deferred_too_soon": self._pacer.deferred,
             "stale_ticks": self._stale_ticks,
             "steps_from_executed_command": self.runner.adopted,
             "bad_messages": self._bad_messages,

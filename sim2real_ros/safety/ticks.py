@@ -31,10 +31,13 @@ from __future__ import annotations
 import math
 
 DEFAULT_GRACE_PERIODS = 1.5
-# A command arriving this soon after a tick waits for the timer (the rate stays <= 4/period).
-# Two commands of a 100 Hz stream arrive closer than this only after a stall of the source
-# (then the older one is superseded, counted in `superseded`).
-MIN_GAP_PERIODS = 0.25
+# A command arriving this soon after a tick waits for the timer: the loop runs at most twice per
+# period, which the rate time base's interval clamp ([0.5, 2] periods) assumes (a faster tick
+# rate would let a flooding source move faster in real time than the limits it is projected
+# with). Two commands of a 100 Hz stream arrive closer than this only after a stall of the
+# source (then the older one is superseded, counted in `superseded`; the policy node paces its
+# commands so that it does not happen: policy/pacing.py).
+MIN_GAP_PERIODS = 0.5
 # The timer's own spacing: it runs when this much of a period has passed since the last tick.
 TIMER_GAP_PERIODS = 0.9
 
