@@ -12,7 +12,7 @@ PERIOD = 0.01
 def test_a_burst_of_ticks_is_spread_to_the_minimum_gap_and_the_rate_is_kept() -> None:
     """Replay a timer that stalls 25 ms and then fires three times within 0.6 ms (observed on
     the proxy cell): every tick still sends, none closer than half a period to the last."""
-    p = CommandPacer(PERIOD)
+    p = CommandPacer(PERIOD, 0.5)
     sent: list[float] = []
     pending: list[float] = []
     ticks = [0.0, 0.01, 0.02, 0.045, 0.0452, 0.0456, 0.05, 0.06, 0.07]
@@ -42,9 +42,11 @@ def test_bad_gap_is_refused_and_reset_forgets() -> None:
         CommandPacer(PERIOD, 1.0)
     with pytest.raises(ValueError, match="period_s"):
         CommandPacer(0.0)
-    p = CommandPacer(PERIOD)
+    p = CommandPacer(PERIOD, 0.5)
     p.sent(0.0)
     assert p.wait_s(0.001) == pytest.approx(0.004)
     p.reset()
     assert p.wait_s(0.001) == 0.0
-    assert CommandPacer(PERIOD, 0.0).wait_s(0.0) == 0.0
+    off = CommandPacer(PERIOD)  # the default: off
+    off.sent(0.0)
+    assert off.wait_s(0.0001) == 0.0 and off.deferred == 0

@@ -53,9 +53,10 @@ PARAMS = [
     ParamSpec("rate_hz", 100.0, "Control rate, Hz; should equal the rate the policy was "
               "trained at (diagnostics warn otherwise).", low=1.0, high=1000.0, read_only=True),
     ParamSpec("min_command_gap_periods", DEFAULT_MIN_GAP_PERIODS,
-              "A tick less than this share of a control period after the previous command "
-              "waits for that gap (an overdue timer firing again at once must not send a burst "
-              "of trajectory; policy/pacing.py).", low=0.0, high=0.99, read_only=True),
+              "> 0: a tick less than this share of a control period after the previous "
+              "command waits for that gap (an overdue timer firing again at once sends a burst "
+              "of trajectory; policy/pacing.py); 0 = off (the default: the remedy is not yet "
+              "reliable).", low=0.0, high=0.99, read_only=True),
     ParamSpec("stale_timeout_s", 0.05, "An observation older than this is stale: nothing is "
               "published, s.", low=0.001, high=10.0),
     ParamSpec("stale_clock", "receipt", "How an observation's age is measured: 'receipt' = "
