@@ -15,10 +15,10 @@ What is learned (`labels`):
   fitting the request to the step taken makes the policy request what it already does (the
   transfer experiment's run 6 child: 0 % in sim and on the proxy). It is refused there.
 
-The observations are those the policy would have seen. Each command is paired with the latest `joint_states` received before it was sent
-(or, for a stamped JointState command topic such as `baseline/joint_command`, the joint state
-whose stamp it carries) and with the latest `task/target`. The label is the step from the
-previous command, the task's action; the observation carries that previous command.
+The observations are those the policy would have seen. Each command is paired with the latest
+`joint_states` received before it was sent (or, for a stamped JointState command topic such as
+`baseline/joint_command`, the joint state whose stamp it carries) and with the latest
+`task/target`; the observation carries the previous command.
 
 A trajectory is a run of commands under one target. Trajectories, not samples, are split into
 training and held-out sets (seeded), so the reported before/after error is on motions the
@@ -267,11 +267,11 @@ def finetune_last_layer(
 ) -> tuple[EnsemblePolicy, FinetuneReport]:
     """Return a child policy whose members' output layers fit the labels (module docstring)
     on the recorded states, and a report."""
-    task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False),
-                                arm or _default_arm())
+    arm = arm or _default_arm()
+    task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False), arm)
     labels = resolve_labels(labels, task0)
     if labels == "teacher":
-        steps = teacher_steps(trajectories, task0, arm or _default_arm())
+        steps = teacher_steps(trajectories, task0, arm)
         trajectories = [replace(t, step_rad=s) for t, s in zip(trajectories, steps)]
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction = {heldout_fraction}: expected a value in (0, 1)")

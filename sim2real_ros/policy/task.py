@@ -372,18 +372,21 @@ def apply_action(
     return np.clip(nxt, arm.lower_rad, arm.upper_rad)
 
 
-_KINEMATICS: dict[int, Any] = {}
+_LEVERS: dict[int, Any] = {}
 
 
 def tool_lever_arms(arm: ArmModel, q: np.ndarray) -> np.ndarray:
-    """Per joint, how fast the tool moves per rad/s of that joint at q (|J_i|, m/rad)."""
-    kin = _KINEMATICS.get(id(arm))
-    if kin is None or kin[0] is not arm:
-        from sim2real_ros.policy.kinematics import BatchKinematics
+    """Per joint, how fast the tool moves per rad/s of that joint at q (|J_i|, m/rad): the
+    safety filter's own lever arms (`safety.kinematics.ToolKinematics`), so the interface caps
+    exactly the bound the filter checks."""
+    cached = _LEVERS.get(id(arm))
+    if cached is None or cached[0] is not arm:
+        from sim2real_ros.safety.kinematics import ToolKinematics
 
-        kin = _KINEMATICS[id(arm)] = (arm, BatchKinematics(arm))
-    _, jac = kin[1].tool_and_jacobian(np.asarray(q, dtype=float)[None])
-    return np.linalg.norm(jac[0], axis=0)
+        cached = _LEVERS[id(arm)] = (arm, ToolKinematics(arm).fast_tool_position_and_levers)
+    out = [0.0] * arm.n_joints
+    cached[1](np.asarray(q, dtype=float).tolist(), out)
+    return np.array(out)
 
 
 def advance_command(

@@ -86,8 +86,9 @@ class ExperimentConfig:
     # step 4
     finetune_trajectories: int = 100
     # limited: the best policy on the proxy so far drives inside the reduced envelope and the
-    # fine-tune learns the commands that reached the arm. (Run 5 collected in shadow: the
-    # baseline drove, and a last layer fitted to the baseline's commands reached nothing.)
+    # fine-tune relabels the states it visited with the teacher (policy/finetune.py). (Run 5
+    # collected in shadow: the baseline drove, and a last layer fitted to the baseline's
+    # commands reached nothing.)
     collect_rollout_stage: str = "limited"
     # budget shown in the progress display (s); informational
     budget_s: float = 45 * 60.0
@@ -256,13 +257,13 @@ def best_proxy_policy(ctx: Context) -> tuple[str, dict[str, float]]:
     Step 4 fine-tunes the best policy the cell has seen, not whichever came last; a tie goes
     to the later step (the one with more evidence behind it).
     """
-    sources = [("nominal", "s2_proxy_gap"), ("randomized", "s2_proxy_gap"),
-               ("calibrated", "s3d_proxy_calibrated")]
+    from sim2real_ros.proxy.report import ROWS
+
     rates: dict[str, float] = {}
-    for label, stage in sources:
-        if not ctx.run.is_sealed(stage):
+    for _, step, label, _, _, px_stage, px_file, _ in ROWS:
+        if step == "4" or not ctx.run.is_sealed(px_stage):
             continue
-        data = json.loads(ctx.run.artifact(stage, f"proxy_eval_{label}.json").read_text())
+        data = json.loads(ctx.run.artifact(px_stage, px_file).read_text())
         rates[label] = float(data["summary"]["success_rate"])
     if not rates:
         raise StageBlocked("step 4: no sealed proxy evaluation to choose the parent from")

@@ -35,8 +35,8 @@ DEFAULT_GRACE_PERIODS = 1.5
 # period, which the rate time base's interval clamp ([0.5, 2] periods) assumes (a faster tick
 # rate would let a flooding source move faster in real time than the limits it is projected
 # with). Two commands of a 100 Hz stream arrive closer than this only after a stall of the
-# source (then the older one is superseded, counted in `superseded`; the policy node paces its
-# commands so that it does not happen: policy/pacing.py).
+# source (then the older one is superseded, counted in `superseded`; the policy node can pace
+# its commands against that, off by default: policy/pacing.py).
 MIN_GAP_PERIODS = 0.5
 # The timer's own spacing: it runs when this much of a period has passed since the last tick.
 TIMER_GAP_PERIODS = 0.9
@@ -60,11 +60,6 @@ class TickScheduler:
         self._pending = False
         self.late_ticks = 0  # timer ticks that ran because the driving stream was late
         self.superseded = 0  # commands replaced by a newer one before a tick projected them
-
-    @property
-    def last_tick_s(self) -> float | None:
-        """Time of the last tick (s), None before the first."""
-        return self._last_tick_s
 
     def on_command(self, now_s: float) -> bool:
         """A command of the driving source arrived: return True when the loop should run now."""

@@ -758,6 +758,27 @@ def regression_start(
     return WarmStart(values, None, rows_used)
 
 
+def effort_estimate(
+    plant: ArmPlant,
+    runs: list[RunData],
+    base: PlantParams,
+    defs: list[ParamDef],
+    groups: tuple[str, ...],
+    latency_s: float,
+    max_latency_s: float,
+    drive: dict[str, float],
+) -> WarmStart:
+    """The effort regression of these runs with its sampling bias removed through the simulator
+    (`regression_start`, then `debiased_regression` from it and the drive's start values): the
+    fit's start, and with `hold_regression` its held values (per run for their spread)."""
+    warm = regression_start(plant, runs, base, groups, latency_s, max_latency_s)
+    warm.values.update(drive)
+    if warm.rows:
+        warm.values.update(debiased_regression(plant, runs, base, defs, warm.values, latency_s,
+                                               groups, max_latency_s))
+    return warm
+
+
 def debiased_regression(
     plant: ArmPlant,
     runs: list[RunData],
@@ -931,21 +952,19 @@ def _fit(
     latency0 = lat.action_latency_s
 
     defs = param_defs(tuple(opts.groups), n)
-    warm = regression_start(plant, train, base, tuple(opts.groups), latency0, opts.max_latency_s)
+    drive: dict[str, float] = {}
     if "kp_scale" in opts.groups or LATENCY in opts.groups:
         servo = servo_start(plant, train, base, latency0, opts.max_latency_s)
         if servo is not None:
             if LATENCY in opts.groups:
                 latency0 = servo.latency_s
             if "kp_scale" in opts.groups:
-                warm.values.update({f"kp_scale[{j}]": float(v)
-                                    for j, v in enumerate(servo.kp_scale)})
+                drive = {f"kp_scale[{j}]": float(v) for j, v in enumerate(servo.kp_scale)}
             say(f"drive torques: latency {servo.latency_s * 1e3:.2f} ms, kp scale "
                 f"{np.round(servo.kp_scale, 3).tolist()}")
+    warm = effort_estimate(plant, train, base, defs, tuple(opts.groups), latency0,
+                           opts.max_latency_s, drive)
     if warm.rows:
-        corrected = debiased_regression(plant, train, base, defs, warm.values, latency0,
-                                        tuple(opts.groups), opts.max_latency_s)
-        warm.values.update(corrected)
         say("start (effort regression, bias removed through the simulator): " + ", ".join(
             f"{k}={v:.3g}" for k, v in warm.values.items() if not k.startswith("kp_scale")))
     x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
@@ -1079,12 +1098,8 @@ def _fit(
             fitted[defs[i].name] = float(x0[i])
         if len(runs) >= 2:
             for r in runs:
-                one = regression_start(plant, [r], base, tuple(opts.groups), latency0,
-                                       opts.max_latency_s, trusted_only=False)
-                if one.rows:
-                    one.values.update(debiased_regression(
-                        plant, [r], base, defs, {**warm.values, **one.values}, latency0,
-                        tuple(opts.groups), opts.max_latency_s))
+                one = effort_estimate(plant, [r], base, defs, tuple(opts.groups), latency0,
+                                      opts.max_latency_s, drive)
                 row = per_run.setdefault(r.name, {})
                 for i in held:
                     row[defs[i].name] = float(one.values.get(defs[i].name, x0[i]))
