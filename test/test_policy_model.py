@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -170,22 +172,35 @@ def test_runner_moves_the_executed_command_when_someone_else_drives(fitted: tupl
     assert runner.adopted == 0
     # the baseline holds the arm at q (shadow stage, a fallback): the next step moves q, and
     # the policy sees cmd - q = 0 as in training instead of its own drifting target
-    runner.executed(q)
-    third = runner.step(q, np.zeros(N), target)
+    held = q - 0.01
+    runner.executed(held)
+    third = runner.step(held, np.zeros(N), target)
     np.testing.assert_allclose(third.observation[18:24], 0.0, atol=1e-6)
-    assert np.all(np.abs(third.joint_target_rad - q) <= CFG.max_step_rad + 1e-12)
+    assert np.all(np.abs(third.joint_target_rad - held) <= CFG.max_step_rad + 1e-12)
     assert runner.adopted == 1
-    # a clipped target (the safety filter changed ours) is adopted the same way
-    clipped = third.joint_target_rad + 1e-3
+    # a trim within the tolerance (the filter reshaped ours by 1 mrad, and its
+    # echo may come back a step late) is ours: no adoption, our own target continues
+    assert runner.own_tolerance_rad == 0.005
+    trimmed = third.joint_target_rad + 1e-3
+    runner.executed(trimmed)
+    kept = runner.step(q, np.zeros(N), target)
+    np.testing.assert_allclose(kept.observation[18:24], third.joint_target_rad - q, atol=1e-6)
+    assert runner.adopted == 1
+    # a clip beyond it (the safety filter held ours back) is adopted like another source
+    clipped = kept.joint_target_rad + 0.02
     runner.executed(clipped)
     fourth = runner.step(q, np.zeros(N), target)
     np.testing.assert_allclose(fourth.observation[18:24], clipped - q, atol=1e-6)
+    assert runner.adopted == 2
     runner.executed(None)  # none known (stale): back to our own
     fifth = runner.step(q, np.zeros(N), target)
     np.testing.assert_allclose(fifth.observation[18:24], fourth.joint_target_rad - q, atol=1e-6)
     for bad in (q[:5], np.full(N, np.nan)):
         with pytest.raises(ValueError, match="executed command"):
             runner.executed(bad)
+    for tol in (-1e-3, 0.2, math.nan):
+        with pytest.raises(ValueError, match="own_tolerance_rad"):
+            PolicyRunner(pol, ARM, own_tolerance_rad=tol)
 
 
 def test_runner_refuses_an_arm_with_other_joints(fitted: tuple) -> None:
@@ -254,7 +269,7 @@ def test_an_adopted_history_is_clipped_to_the_jerk_limited_interface() -> None:
     q = np.array(task.home_rad)
     target = ARM.tool_position(q) + np.array([0.05, -0.05, 0.05])
     runner.step(q, np.zeros(N), target)
-    jump = q + 0.005  # a source switch: 5 mrad in one sample is 0.5 rad/s and 50 rad/s²
+    jump = q + 0.01  # a source switch: 10 mrad in one sample is 1 rad/s and 100 rad/s²
     runner.executed(q)
     runner.executed(q)
     runner.executed(jump)

@@ -155,24 +155,30 @@ def test_commands_carry_the_observation_stamp_and_confidence(ros_context, regist
     node.destroy_node()
 
 
-def test_while_the_baseline_holds_the_arm_the_policy_moves_the_held_command(ros_context,
-                                                                            registry) -> None:
-    node, probe, ex = _setup(ros_context, registry)
+@pytest.mark.parametrize("tolerance_rad", [0.0, 0.005])
+def test_while_the_baseline_holds_the_arm_the_policy_moves_the_held_command(
+        ros_context, registry, tolerance_rad: float) -> None:
+    node, probe, ex = _setup(ros_context, registry,
+                             executed_command_tolerance_rad=tolerance_rad)
+    assert node.runner.own_tolerance_rad == tolerance_rad
     # The safety filter's output: the baseline holds the arm at HOME (shadow stage).
     executed = probe.node.create_publisher(Float64MultiArray,
                                            "forward_position_controller/commands", STATE_QOS)
     probe.node.create_timer(0.005, lambda: executed.publish(array_to_multiarray(HOME)))
     target = ARM.tool_position(HOME) + np.array([0.1, 0.05, -0.05])
     assert _drive(probe, ex, 20.0, target, until=lambda: len(probe.commands) >= 40)
-    # Every proposal is one step from the held command, never a walk of its own (the
-    # previous test shows the walk when nothing else drives).
+    # Every proposal is within the tolerance and one step of the held command, never a walk
+    # of its own (the previous test shows the walk when nothing else drives): with 0 each
+    # step starts from the held command, with 5 mrad the policy's own target may drift that
+    # far before it does.
     cfg = node.runner.task
     late = np.array([c.position for c in probe.commands[10:]])
-    assert np.all(np.abs(late - HOME) <= cfg.max_step_rad + 1e-9)
-    assert node.runner.adopted >= 30
+    assert np.all(np.abs(late - HOME) <= tolerance_rad + cfg.max_step_rad + 1e-9)
+    least = 30 if tolerance_rad == 0.0 else 2
+    assert node.runner.adopted >= least
 
     def reported() -> bool:
-        return any(int(status_values(st).get("steps_from_executed_command", 0)) >= 30
+        return any(int(status_values(st).get("steps_from_executed_command", 0)) >= least
                    for st in probe.policy_status())
 
     assert spin_until(ex, reported, 3.0)

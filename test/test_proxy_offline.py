@@ -55,3 +55,32 @@ def test_classify_and_timing_checks() -> None:
     with pytest.raises(ValueError, match="obs_rate_hz"):
         OfflineTiming(obs_rate_hz=0.0).check()
     assert np.isfinite(res[0].final_distance_m)
+
+
+def test_a_late_echo_of_the_executed_command_cascaded_the_exact_adoption_rule() -> None:
+    """The executed command comes back 2-12 ms after the projection (after the runner's next
+    step about a fifth of the time, as on a loaded graph). With exact matching (tolerance 0)
+    the runner adopted the filter's trims one step late and the loop cascaded: it continued
+    from the filter's command on most steps. The shipped tolerance leaves trims to the filter."""
+    from pathlib import Path
+
+    import sim2real_ros.policy as policy_pkg
+    from sim2real_ros.policy.model import EnsemblePolicy
+    from sim2real_ros.policy.runner import PolicyRunner
+
+    pol = EnsemblePolicy.load(Path(policy_pkg.__file__).parent / "default" / "policy.pt")
+    unit = ProxyUnit.from_yaml(share_path("config", "proxy", "unit_proxy-SN0001.yaml"), ARM)
+    timing = OfflineTiming(feedback_hop_s=(0.002, 0.012))
+    out = {}
+    for tol in (0.0, 0.005):
+        runner = PolicyRunner(pol, ARM, own_tolerance_rad=tol)
+        targets = episode_targets(7919, 3, runner.task, ARM)
+        res, c = evaluate_on_plant(runner, targets, ProxyPlant(unit), timing,
+                                   envelope_path=ENVELOPE)
+        out[tol] = (sum(r.success for r in res), c.adopted, c.commands)
+    exact, tolerant = out[0.0], out[0.005]
+    assert exact[1] > 0.5 * exact[2], out  # adopted on most steps
+    assert tolerant[1] < 0.05 * tolerant[2], out
+    assert tolerant[0] >= exact[0], out
+    with pytest.raises(ValueError, match="feedback_hop_s"):
+        OfflineTiming(feedback_hop_s=(0.0, 0.9)).check()

@@ -66,6 +66,21 @@ def test_smoothed_holds_the_period_through_jitter_and_follows_a_sustained_rate()
     assert tb.tick(t + 1.0) == PERIOD_S and math.isnan(tb.last_interval_s)
 
 
+def test_smoothed_keeps_the_period_for_a_slower_stream() -> None:
+    """One-sided band: a source that falls behind (a descheduled policy node) is projected
+    with the period, the safe dt for it; only a faster source gets a shorter dt."""
+    tb = RateTimeBase(SMOOTHED, PERIOD_S)
+    t = 1.0
+    for k in range(200):
+        t += 0.0118 if k < 100 else 0.02  # 18 % slow, then half the rate
+        assert tb.tick(t) == PERIOD_S
+    assert tb.smoothed_s > 1.5 * PERIOD_S  # measured all the same
+    for _ in range(200):  # now 10 % fast: the mean crosses the band below the period
+        t += 0.009
+        last = tb.tick(t)
+    assert last == pytest.approx(0.009, rel=0.01)
+
+
 def test_bad_arguments_are_refused_with_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"one of \['arrival', 'nominal', 'smoothed'\]"):
         RateTimeBase("wall", PERIOD_S)
@@ -165,12 +180,12 @@ def test_a_hold_uses_the_period_in_every_mode_and_its_ticks_still_count(mode: st
     ref = RateTimeBase(mode, PERIOD_S)
     t = 1.0
     for k in range(60):
-        t += 0.013 if k % 2 else 0.012  # late timer ticks: the mean leaves the 5 % band
+        t += 0.007 if k % 2 else 0.008  # early timer ticks: the mean leaves the 5 % band
         assert tb.tick(t, hold=True) == PERIOD_S
         ref.tick(t)
     assert tb.last_dt_s == PERIOD_S
     assert tb.smoothed_s == ref.smoothed_s  # the held ticks were measured all the same
     if mode == SMOOTHED:
-        assert ref.last_dt_s > PERIOD_S * 1.05  # without the hold it would have moved
-    t += 0.0125
+        assert ref.last_dt_s < PERIOD_S * 0.95  # without the hold it would have moved
+    t += 0.0075
     assert tb.tick(t) == ref.tick(t)  # after the hold, back to the mode's own dt

@@ -26,7 +26,7 @@ from sim2real_ros.config import ConfigError
 from sim2real_ros.paths import default_urdf
 from sim2real_ros.policy.pacing import DEFAULT_MIN_GAP_PERIODS, CommandPacer
 from sim2real_ros.policy.registry import PolicyRegistry, VersionRecord
-from sim2real_ros.policy.runner import PolicyRunner
+from sim2real_ros.policy.runner import DEFAULT_OWN_TOLERANCE_RAD, PolicyRunner
 from sim2real_ros.robot.model import load_arm
 from sim2real_ros.ros.convert import (
     MessageError,
@@ -53,10 +53,10 @@ PARAMS = [
     ParamSpec("rate_hz", 100.0, "Control rate, Hz; should equal the rate the policy was "
               "trained at (diagnostics warn otherwise).", low=1.0, high=1000.0, read_only=True),
     ParamSpec("min_command_gap_periods", DEFAULT_MIN_GAP_PERIODS,
-              "> 0: a tick less than this share of a control period after the previous "
-              "command waits for that gap (an overdue timer firing again at once sends a burst "
-              "of trajectory; policy/pacing.py); 0 = off (the default: the remedy is not yet "
-              "reliable).", low=0.0, high=0.99, read_only=True),
+              "> 0: a timer tick less than this share of a control period after the previous "
+              "command is dropped, its observation answered by the next tick (an overdue timer "
+              "firing again at once would send a burst of trajectory the filter cannot take "
+              "at its rate; policy/pacing.py); 0 = off.", low=0.0, high=0.99, read_only=True),
     ParamSpec("stale_timeout_s", 0.05, "An observation older than this is stale: nothing is "
               "published, s.", low=0.001, high=10.0),
     ParamSpec("stale_clock", "receipt", "How an observation's age is measured: 'receipt' = "
@@ -69,6 +69,11 @@ PARAMS = [
               "(forward_position_controller/commands, after the safety filter) and, when it is "
               "not one of our own recent targets (baseline driving, a hold, a clip), move that "
               "one instead of our own: the observation then stays what training showed."),
+    ParamSpec("executed_command_tolerance_rad", DEFAULT_OWN_TOLERANCE_RAD,
+              "An executed command within this of one of our recent targets (every joint) is "
+              "our own, rad: a small reshape by the filter is left to the filter, because the "
+              "executed command comes back after the next step on a loaded host and adopting "
+              "it then cascades (policy/runner.py).", low=0.0, high=0.1),
     ParamSpec("executed_command_timeout_s", 0.05, "An executed command older than this is "
               "ignored, s.", low=0.001, high=10.0),
     ParamSpec("diagnostics_period_s", 1.0, "Period of /diagnostics reports, s.",
@@ -115,7 +120,6 @@ class PolicyNode(Node):
         self._published = 0
         self._pacer = CommandPacer(1.0 / float(self.p["rate_hz"]),
                                    float(self.p["min_command_gap_periods"]))
-        self._defer_timer: Any = None
         self._stale_ticks = 0
         self._bad_messages = 0
         self._last_error = ""
@@ -146,7 +150,8 @@ class PolicyNode(Node):
     # --- policy versions ---------------------------------------------------------------------
 
     def _activate(self, policy: Any, rec: VersionRecord, reason: str) -> None:
-        runner = PolicyRunner(policy, self.arm)
+        runner = PolicyRunner(policy, self.arm,
+                              float(self.p["executed_command_tolerance_rad"]))
         # One evaluation now so the first control tick does not pay torch's lazy set-up.
         policy.evaluate(policy.stats.mean)
         self.runner = runner
@@ -176,6 +181,8 @@ class PolicyNode(Node):
                 return f"policy_version = {v} refused: {exc}"
             self._publish_version()
         self.p.update(changes)
+        if "executed_command_tolerance_rad" in changes and self.runner is not None:
+            self.runner.own_tolerance_rad = float(changes["executed_command_tolerance_rad"])
         return None
 
     def _on_rollback(self, request: Trigger.Request, response: Trigger.Response
@@ -270,13 +277,6 @@ class PolicyNode(Node):
                 self.get_logger().warning(f"publishing nothing: {state}")
             self._publish_diagnostics()
 
-    def _deferred_tick(self) -> None:
-        timer, self._defer_timer = self._defer_timer, None
-        if timer is not None:
-            timer.cancel()
-            self.destroy_timer(timer)
-        self._tick()
-
     def _tick(self) -> None:
         runner = self.runner
         assert runner is not None
@@ -303,12 +303,9 @@ class PolicyNode(Node):
         if runner.task.include_wrench and wrench is None:
             self._set_state(STATE_NO_STATE)
             return
-        wait = self._pacer.wait_s(self._now_s())
-        if wait > 0.0:
+        if not self._pacer.may_send(self._now_s()):
             # The previous command went out less than the minimum gap ago (an overdue timer
-            # firing again at once): answer at the gap instead of in a burst.
-            if self._defer_timer is None:
-                self._defer_timer = self.create_timer(wait, self._deferred_tick)
+            # firing again at once): the next tick answers, no burst.
             return
         fresh = self._now_s() - self._executed_recv_s <= float(
             self.p["executed_command_timeout_s"])
@@ -368,7 +365,7 @@ class PolicyNode(Node):
             "stale_timeout_s": float(self.p["stale_timeout_s"]),
             "stale_clock": self.p["stale_clock"],
             "commands_published": self._published,
-            "ticks_deferred_too_soon": self._pacer.deferred,
+            "ticks_skipped_too_soon": self._pacer.skipped,
             "stale_ticks": self._stale_ticks,
             "steps_from_executed_command": self.runner.adopted,
             "bad_messages": self._bad_messages,

@@ -58,7 +58,7 @@ class ExperimentConfig:
     unit_file: str = DEFAULT_UNIT
     # evaluation
     sim_episodes: int = 60
-    proxy_episodes: int = 30
+    proxy_episodes: int = 60
     eval_rollout_stage: str = "full"
     # joint_states / wrench rate of the proxy's broadcasters (Hz). 125 Hz (a UR CB-series
     # rate), not the node's 500: each of the six Python nodes takes every message on 2 shared

@@ -9,10 +9,13 @@ can be judged on the proxy's dynamics before a full run:
   development tool, never part of the experiment's protocol, which sees only topics);
 - joint_states sampled at `obs_rate_hz` (the experiment's 125 Hz broadcasters);
 - the policy at its control rate on the latest sample, its command reaching the drive's bus
-  after a uniform `hop_s` (the policy node's tick phase and the filter's hop on the graph);
+  after a uniform `hop_s` (the policy node's tick phase and the filter's hop on the graph),
+  in the order sent;
 - optionally the safety filter's projection (`safety.projection.Projector` on the shipped
   envelope, one projection per command, as `safety/ticks.py` schedules it), with the projected
-  command fed back to the runner as the executed one (the policy node does the same);
+  command fed back to the runner as the executed one (the policy node does the same), after
+  a uniform `feedback_hop_s` (default none: before the next step; on a loaded graph it can
+  come after it, which is how the runner's adoption rule cascaded: policy/runner.py);
 - scoring by `proxy.scoring.EpisodeScorer`, episodes chained as on the graph.
 
 Measured in the same session (docs/proxy.md, "Offline proxy harness"): the randomized policy of
@@ -40,15 +43,19 @@ class OfflineTiming:
 
     obs_rate_hz: float = 125.0  # joint_states rate
     hop_s: tuple[float, float] = (0.001, 0.011)  # command: policy output -> drive bus (uniform)
+    # executed command: drive bus -> the runner (uniform); it may come after the next step
+    feedback_hop_s: tuple[float, float] = (0.0, 0.0)
     seed: int = 0
 
     def check(self) -> None:
         """Raise ValueError naming the bad value."""
         if not 1.0 <= self.obs_rate_hz <= 10000.0:
             raise ValueError(f"obs_rate_hz {self.obs_rate_hz}: expected [1, 10000] Hz")
-        lo, hi = self.hop_s
-        if not 0.0 <= lo <= hi <= 0.5:
-            raise ValueError(f"hop_s {self.hop_s}: expected 0 <= low <= high <= 0.5 s")
+        for name in ("hop_s", "feedback_hop_s"):
+            lo, hi = getattr(self, name)
+            if not 0.0 <= lo <= hi <= 0.5:
+                raise ValueError(f"{name} {getattr(self, name)}: expected 0 <= low <= high "
+                                 "<= 0.5 s")
 
 
 @dataclass
@@ -101,15 +108,21 @@ def evaluate_on_plant(
     dt, obs_dt = task.dt_s, 1.0 / timing.obs_rate_hz
     t, next_obs = 0.0, 0.0
     pending: list[tuple[float, int, np.ndarray]] = []  # (arrival at the bus, order, command)
+    feedback: list[tuple[float, int, np.ndarray]] = []  # (arrival at the runner, order, cmd)
     order = 0
+    last_arrival = -np.inf
     prev_intervened = False
     results: list[EpisodeResult] = []
     adopted0 = int(getattr(runner, "adopted", 0))
     for k, target in enumerate(np.asarray(targets, dtype=float)):
         scorer.start(k, t, target)
         while not scorer.timed_out(t) and not scorer.done:
+            while feed_executed and feedback and feedback[0][0] <= t + 1e-12:
+                runner.executed(heapq.heappop(feedback)[2])
             step = runner.step(last.q, last.qd, target)
-            heapq.heappush(pending, (t + float(rng.uniform(*timing.hop_s)), order,
+            # One publisher's messages keep their order on the graph (reliable DDS).
+            last_arrival = max(last_arrival, t + float(rng.uniform(*timing.hop_s)))
+            heapq.heappush(pending, (last_arrival, order,
                                      np.asarray(step.joint_target_rad, dtype=float)))
             order += 1
             t_end = t + dt
@@ -134,7 +147,10 @@ def evaluate_on_plant(
                     plant.command_position(cmd)
                     scorer.add_command(cmd)
                     if feed_executed:
-                        runner.executed(cmd)
+                        lo, hi = timing.feedback_hop_s
+                        back = float(rng.uniform(lo, hi)) if hi > 0.0 else 0.0
+                        heapq.heappush(feedback, (nxt + back, order, cmd))
+                        order += 1
                 if next_obs <= nxt + 1e-12:
                     last = plant.measure()
                     next_obs += obs_dt

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import math
 import sys
 import time
@@ -99,9 +100,9 @@ PARAMS = [
               "dt the projection's velocity/acceleration/jerk limits divide a command change "
               "by: arrival (measured tick interval, clamped to [0.5, 2] periods: ms arrival "
               "jitter reads as speed), nominal (the control period), smoothed (the period "
-              "while a running mean of the measured intervals, ~20 ticks, stays within 5 % of "
-              "it, else that mean: jitter averages out, a sustained faster stream is still "
-              "limited); a hold always uses the period. Staleness and latency checks "
+              "unless a running mean of the measured intervals, ~20 ticks, is more than 5 % "
+              "shorter, then that mean: jitter averages out, a sustained faster stream is "
+              "still limited, a slower one is safe at the period); a hold always uses the period. Staleness and latency checks "
               "always use real arrival times and stamps.",
               choices=RATE_TIME_BASES, read_only=RO),
     ParamSpec("command_timeout_s", 0.025,
@@ -367,7 +368,14 @@ class SafetyFilter(Node):
         now = self._now_s()
         dt = self._timebase.tick(now, hold=self.sup.source == SOURCE_HOLD)
         self._ticks.ticked(now)
+        req = self.sup.policy_cmd
         res = self.sup.tick(now, dt)
+        if os.environ.get("S2R_TICKLOG"):
+            if not hasattr(self, "_tl"):
+                self._tl = open(os.environ["S2R_TICKLOG"], "w", buffering=1)
+            self._tl.write(json.dumps([now, dt, self._timebase.last_interval_s, self.sup.source,
+                None if req is None else list(req.values), res.command, bool(res.intervened),
+                sorted({e.limit for e in res.events})]) + "\n")
         if res.command:
             out = [res.command[i] for i in self._out_index]
             msg = Float64MultiArray()
