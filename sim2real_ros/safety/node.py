@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import math
 import sys
 import time
@@ -368,14 +367,7 @@ class SafetyFilter(Node):
         now = self._now_s()
         dt = self._timebase.tick(now, hold=self.sup.source == SOURCE_HOLD)
         self._ticks.ticked(now)
-        req = self.sup.policy_cmd
         res = self.sup.tick(now, dt)
-        if os.environ.get("S2R_TICKLOG"):
-            if not hasattr(self, "_tl"):
-                self._tl = open(os.environ["S2R_TICKLOG"], "w", buffering=1)
-            self._tl.write(json.dumps([now, dt, self._timebase.last_interval_s, self.sup.source,
-                None if req is None else list(req.values), res.command, bool(res.intervened),
-                sorted({e.limit for e in res.events})]) + "\n")
         if res.command:
             out = [res.command[i] for i in self._out_index]
             msg = Float64MultiArray()
