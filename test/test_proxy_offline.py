@@ -84,3 +84,20 @@ def test_a_late_echo_of_the_executed_command_cascaded_the_exact_adoption_rule() 
     assert tolerant[0] >= exact[0], out
     with pytest.raises(ValueError, match="feedback_hop_s"):
         OfflineTiming(feedback_hop_s=(0.0, 0.9)).check()
+
+
+def test_the_experiments_safety_timing_is_declared_and_in_range() -> None:
+    """The loaded-host overrides the experiment hands the filter: every key a declared
+    parameter of the safety filter, every value inside its range (the node would refuse it at
+    start-up otherwise, minutes into a run)."""
+    from sim2real_ros.proxy.cell import safety_timing
+    from sim2real_ros.safety.node import PARAMS
+
+    specs = {p.name: p for p in PARAMS}
+    overrides = safety_timing(0.1)
+    assert overrides["late_command_grace_periods"] == 2.5
+    assert overrides["command_timeout_s"] == 0.1
+    for key, value in overrides.items():
+        assert key in specs, key
+        assert specs[key].check(value) is None, (key, value)
+    assert safety_timing(0.0) == {}
