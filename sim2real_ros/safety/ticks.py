@@ -36,7 +36,7 @@ DEFAULT_GRACE_PERIODS = 1.5
 # rate would let a flooding source move faster in real time than the limits it is projected
 # with). Two commands of a 100 Hz stream arrive closer than this only after a stall of the
 # source (then the older one is superseded, counted in `superseded`; the policy node can pace
-# its commands against that, off by default: policy/pacing.py).
+# its commands against that: policy/pacing.py).
 MIN_GAP_PERIODS = 0.5
 # The timer's own spacing: it runs when this much of a period has passed since the last tick.
 TIMER_GAP_PERIODS = 0.9
