@@ -9,7 +9,7 @@ Steps (issue 9), each split into resumable stages that seal their artifacts with
    fit, calibrate the randomization from the fit and its spread          -> s3b_sysid_fit
    retrain in the calibrated simulator                                   -> s3c_train_calibrated
    evaluate on the proxy                                                 -> s3d_proxy_calibrated
-4. collect N proxy trajectories (limited stage), fine-tune the last layer-> s4a_collect
+4. collect N proxy trajectories (shadow stage), fine-tune the last layer -> s4a_collect
                                                                           -> s4b_finetune
    evaluate on the proxy                                                 -> s4c_proxy_finetuned
 5. the reality-gap audit at each step, inside s2, s3d and s4c (audit_<policy>/audit.json)
@@ -85,11 +85,15 @@ class ExperimentConfig:
     excitation_s: float = 20.0
     # step 4
     finetune_trajectories: int = 100
-    # limited: the best policy on the proxy so far drives inside the reduced envelope and the
-    # fine-tune relabels the states it visited with the teacher (policy/finetune.py). (Run 5
-    # collected in shadow: the baseline drove, and a last layer fitted to the baseline's
-    # commands reached nothing.)
-    collect_rollout_stage: str = "limited"
+    # shadow: the baseline drives, the best policy on the proxy so far proposes, and the
+    # fine-tune relabels the states the arm visited with the teacher (policy/finetune.py).
+    # Not limited: the policy's jerk-limited interface runs at 0.8 of the full envelope, the
+    # limited stage halves it (limited_scale 0.5), so the filter clipped every command, the
+    # rollback monitor dropped the stage within ~1.5 s and the rest was the baseline (run 8)
+    # or, after a force e-stop, a hold (run 9: 153 of 195 s); the child fitted to those held
+    # states lost 33 points on the proxy. (Run 5 collected in shadow with the baseline's
+    # commands as labels, which taught nothing: the labels are the teacher's now.)
+    collect_rollout_stage: str = "shadow"
     # budget shown in the progress display (s); informational
     budget_s: float = 45 * 60.0
 
@@ -707,8 +711,9 @@ def stage_proxy_calibrated(ctx: Context, out: Path) -> dict[str, Any]:
 
 
 def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
-    """Step 4a: N proxy trajectories in the collect stage (limited: the best policy on the proxy
-    so far drives inside the reduced envelope), recorded live by `sim2real sysid record`."""
+    """Step 4a: N proxy trajectories in the collect stage (shadow by default: the baseline
+    drives, the best policy on the proxy so far proposes), recorded live by
+    `sim2real sysid record`."""
     _require("sim2real_ros.sysid.cli", "recording proxy trajectories (sim2real sysid record)")
     from sim2real_ros.policy.task import TaskConfig
     from sim2real_ros.proxy.evaluate import observe_unit_id
@@ -915,8 +920,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("s3d_proxy_calibrated", 3, "calibrated policy on the proxy; audit",
           ("s1_train", "s3a_sysid_record", "s3b_sysid_fit", "s3c_train_calibrated"),
           stage_proxy_calibrated),
-    Stage("s4a_collect", 4, "collect proxy trajectories (the best proxy policy so far acting, "
-          "limited stage)",
+    Stage("s4a_collect", 4, "collect proxy trajectories (shadow stage: the baseline acting, "
+          "the best proxy policy so far proposing)",
           ("s1_train", "s2_proxy_gap", "s3c_train_calibrated", "s3d_proxy_calibrated"),
           stage_collect),
     Stage("s4b_finetune", 4, "fine-tune the last layer on them",
