@@ -101,3 +101,24 @@ def test_the_experiments_safety_timing_is_declared_and_in_range() -> None:
         assert key in specs, key
         assert specs[key].check(value) is None, (key, value)
     assert safety_timing(0.0) == {}
+
+
+def test_the_limited_stage_refuses_a_policy_whose_interface_it_would_clip() -> None:
+    """The shipped interface runs at 0.8 of the envelope, the limited stage at 0.5 of it:
+    step 4 must say so up front instead of collecting a stage the monitor drops at once."""
+    from dataclasses import replace
+
+    from sim2real_ros.policy.task import TaskConfig, resolve_rate_limits
+    from sim2real_ros.proxy.experiment import limited_stage_misfit
+    from sim2real_ros.safety.envelope import load_envelope
+
+    env = load_envelope(ENVELOPE, ARM)
+    assert env.limited_scale == 0.5
+    shipped = resolve_rate_limits(TaskConfig(), ARM)
+    why = limited_stage_misfit(shipped, env)
+    assert why is not None
+    assert "max_velocity_rad_s" in why and "shoulder_pan_joint" in why
+    assert "limited_scale 0.5" in why and str(env.path) in why
+    slow = resolve_rate_limits(TaskConfig(limit_fraction=0.45), ARM)
+    assert limited_stage_misfit(slow, env) is None
+    assert limited_stage_misfit(replace(shipped, action_interface="step"), env) is None

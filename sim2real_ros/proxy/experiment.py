@@ -275,6 +275,32 @@ def best_proxy_policy(ctx: Context) -> tuple[str, dict[str, float]]:
     return best, rates
 
 
+def limited_stage_misfit(task: Any, envelope: Any) -> str | None:
+    """Why a jerk-limited policy cannot act in the `limited` stage, or None when it can.
+
+    The stage projects every command into the envelope scaled by `limited_scale`. A policy
+    whose interface generates commands up to rates beyond that (the shipped tasks: 0.8 of the
+    full envelope, the shipped limited_scale 0.5) is clipped on every moving step: in run 9
+    the rollback monitor dropped the stage 1.5 s into the collection. `task`: a TaskConfig
+    with its rate limits resolved; `envelope`: a safety Envelope for the same arm.
+    """
+    if not task.jerk_limited:
+        return None
+    scale = float(envelope.limited_scale)
+    pairs = (("max_velocity_rad_s", "velocity_rad_s", "rad/s"),
+             ("max_acceleration_rad_s2", "acceleration_rad_s2", "rad/s^2"),
+             ("max_jerk_rad_s3", "jerk_rad_s3", "rad/s^3"))
+    for key, limit, unit in pairs:
+        for want, joint in zip(getattr(task, key), envelope.joints):
+            allowed = scale * float(getattr(joint, limit))
+            if want > allowed * (1.0 + 1e-9):
+                return (f"the policy's command interface goes up to {want:.4g} {unit} on "
+                        f"{joint.name} ({key}), the limited stage allows {allowed:.4g} "
+                        f"(limited_scale {scale:g} x {getattr(joint, limit):g}, "
+                        f"{envelope.path}): every moving command would be clipped")
+    return None
+
+
 def registry_version(ctx: Context, name: str) -> int:
     """Rebuild the run's registry from the sealed policy files; return `name`'s version.
 
@@ -723,6 +749,22 @@ def stage_collect(ctx: Context, out: Path) -> dict[str, Any]:
     ctx.progress.say(f"step 4 collects with the best policy on the proxy so far: {label} "
                      f"(proxy success {', '.join(f'{k} {v:.2f}' for k, v in rates.items())})")
     version = registry_version(ctx, label)
+    if ctx.cfg.collect_rollout_stage == "limited":
+        from sim2real_ros.policy.registry import PolicyRegistry
+        from sim2real_ros.policy.task import TaskConfig as _Task
+        from sim2real_ros.policy.task import resolve_rate_limits
+        from sim2real_ros.safety.envelope import load_envelope
+
+        policy, _ = PolicyRegistry(ctx.registry_root, init_from_default=False).load(version)
+        task = resolve_rate_limits(_Task.from_dict(policy.task, "policy task", strict=False),
+                                   ctx.arm)
+        why = limited_stage_misfit(task, load_envelope(share_path("config",
+                                                                  "safety_envelope.yaml"),
+                                                       ctx.arm))
+        if why:
+            raise StageBlocked(f"step 4 cannot collect in the limited stage with the {label} "
+                               f"policy: {why}. Collect in shadow (the default: "
+                               "--set collect_rollout_stage=shadow) or raise limited_scale")
     # Different targets from the evaluation's: the fine-tune never sees the test targets.
     targets = episode_targets(ctx.cfg.seed + 104729, ctx.cfg.finetune_trajectories,
                               TaskConfig(), ctx.arm)
