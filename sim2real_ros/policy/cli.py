@@ -151,7 +151,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     trajs = load_trajectories(args.bags, task, arm, args.command_topic, args.target_topic,
                               args.joint_topic)
     child, rep = finetune_last_layer(policy, trajs, args.heldout, args.seed, args.epochs,
-                                     labels=args.labels, arm=arm)
+                                     labels=args.labels, arm=arm, fit_space=args.fit_space)
     meta: dict[str, Any] = {
         "source": "finetune",
         "finetune": {**rep.to_dict(), "parent_version": rec.version, "seed": args.seed,
@@ -172,10 +172,12 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     new = reg.add(child, meta, parent=rec.version)
     print(f"fine-tuned version {rec.version} on {rep.n_train} trajectories "
           f"({rep.n_train_samples} samples) from {len(rep.bags)} bag(s)")
-    print(f"labels: {rep.labels}")
+    print(f"labels: {rep.labels}, fit space: {rep.fit_space}")
     print(f"held-out ({rep.n_heldout} trajectories, {rep.n_heldout_samples} samples) RMS "
           f"joint-command error: before {rep.before_rms_rad * 1e3:.3f} mrad, after "
           f"{rep.after_rms_rad * 1e3:.3f} mrad")
+    print(f"held-out RMS normalized-action error: before {rep.before_action_rms:.4f}, after "
+          f"{rep.after_action_rms:.4f}")
     print("per joint before [mrad]: " + " ".join(f"{v * 1e3:.3f}" for v in
                                                  rep.before_per_joint_rad))
     print("per joint after  [mrad]: " + " ".join(f"{v * 1e3:.3f}" for v in
@@ -292,6 +294,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="what the last layer learns: the IK teacher's action at each recorded "
                    "state (teacher), or the recorded command steps (commands, step interface "
                    "only); auto = teacher for jerk-limited policies (docs/policy.md)")
+    c.add_argument("--fit-space", choices=("action", "step"), default="action",
+                   help="compare the normalized action (the training space, default) or the "
+                   "normalized step a|a| (resolves near-target moves poorly; docs/policy.md)")
     c.add_argument("--sim-eval-episodes", type=int, default=50,
                    help="also measure the child's sim success (0 = skip)")
     c.add_argument("--promote", action="store_true")

@@ -20,6 +20,17 @@ The observations are those the policy would have seen. Each command is paired wi
 `baseline/joint_command`, the joint state whose stamp it carries) and with the latest
 `task/target`; the observation carries the previous command.
 
+What the loss compares (`fit_space`):
+
+- `action` (the default): the normalized action, `tanh(head)` against `step_to_action(label)`
+  clipped to ±0.98 — the space the policy was trained in (`policy.train._fit`). The signed
+  square `a|a|` of `action_to_step` exists to resolve small moves near the target; regressing in
+  that space keeps the resolution the policy came to rest with.
+- `step`: the normalized step `a|a|` against `label / scale`. A move of 1 % of the scale is an
+  action of 0.1, but contributes 1e-4 to a step-space loss: the near-target moves, the ones that
+  decide whether a reach ends inside the tolerance, are almost unconstrained, and the transfer
+  experiment's step-4 children regressed that way (docs/proxy.md, run 11). Kept for comparison.
+
 A trajectory is a run of commands under one target. Trajectories, not samples, are split into
 training and held-out sets (seeded), so the reported before/after error is on motions the
 fine-tune never saw. Only the members' output layers change: the hidden features stay as the
@@ -93,6 +104,10 @@ class FinetuneReport:
     bags: list[str] = field(default_factory=list)
     bag_sha256: str = ""
     labels: str = "commands"
+    fit_space: str = "action"
+    # RMS normalized-action error on the held-out trajectories (the action-space loss).
+    before_action_rms: float = float("nan")
+    after_action_rms: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict."""
@@ -209,7 +224,16 @@ def _step_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np
     return action_to_step(task, out.action) - label
 
 
+def _action_error(policy: EnsemblePolicy, obs: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Per-sample, per-joint error of the policy's normalized action vs the label's action
+    (`step_to_action` of the label step, clipped to ±0.98 as in training)."""
+    task = TaskConfig.from_dict(policy.task, strict=False)
+    out = policy.evaluate(obs)
+    return np.clip(out.action, -1.0, 1.0) - np.clip(step_to_action(task, step), -0.98, 0.98)
+
+
 LABELS = ("auto", "teacher", "commands")
+FIT_SPACES = ("action", "step")
 
 
 def resolve_labels(labels: str, task: TaskConfig) -> str:
@@ -264,9 +288,12 @@ def finetune_last_layer(
     batch_size: int = 1024,
     labels: str = "auto",
     arm: ArmModel | None = None,
+    fit_space: str = "action",
 ) -> tuple[EnsemblePolicy, FinetuneReport]:
     """Return a child policy whose members' output layers fit the labels (module docstring)
     on the recorded states, and a report."""
+    if fit_space not in FIT_SPACES:
+        raise FinetuneError(f"fit_space {fit_space!r}: expected one of {list(FIT_SPACES)}")
     arm = arm or _default_arm()
     task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False), arm)
     labels = resolve_labels(labels, task0)
@@ -292,6 +319,7 @@ def finetune_last_layer(
     task = TaskConfig.from_dict(child.task, strict=False)
     before_h = _step_error(child, ho, hs)
     before_t = _step_error(child, xo, xs)
+    before_ha = _action_error(child, ho, hs)
 
     net = child.net
     for p in net.parameters():
@@ -303,7 +331,11 @@ def finetune_last_layer(
     with torch.no_grad():
         feats = net.features(child.normalize(torch.as_tensor(xo, dtype=torch.float32)))
     scale = step_scale_rad(task, xs.shape[-1])
-    target = torch.as_tensor(np.clip(xs, -scale, scale) / scale, dtype=torch.float32)
+    if fit_space == "action":
+        target_np = np.clip(step_to_action(task, xs), -0.98, 0.98)
+    else:
+        target_np = np.clip(xs, -scale, scale) / scale
+    target = torch.as_tensor(target_np, dtype=torch.float32)
     opt = torch.optim.Adam([w, b], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     n = feats.shape[1]
@@ -315,7 +347,8 @@ def finetune_last_layer(
             idx = torch.randint(0, n, (members, min(batch_size, n)), generator=gen)
             h = torch.gather(feats, 1, idx[..., None].expand(-1, -1, feats.shape[2]))
             a = torch.tanh(net.head(h))
-            pred = a * a.abs()  # normalized step, see task.action_to_step
+            # normalized action, or normalized step (see task.action_to_step)
+            pred = a if fit_space == "action" else a * a.abs()
             loss = torch.mean((pred - target[idx]) ** 2) + l2_to_init * (
                 torch.sum((w - w0) ** 2) + torch.sum((b - b0) ** 2)
             ) / members
@@ -327,6 +360,7 @@ def finetune_last_layer(
 
     after_h = _step_error(child, ho, hs)
     after_t = _step_error(child, xo, xs)
+    after_ha = _action_error(child, ho, hs)
     report = FinetuneReport(
         n_trajectories=len(trajectories),
         n_train=len(train_t),
@@ -341,6 +375,9 @@ def finetune_last_layer(
         train_after_rms_rad=_rms(after_t),
         bags=sorted({t.bag for t in trajectories}),
         labels=labels,
+        fit_space=fit_space,
+        before_action_rms=_rms(before_ha),
+        after_action_rms=_rms(after_ha),
     )
     report.bag_sha256 = _bags_sha256([Path(b) for b in report.bags])
     return child, report
