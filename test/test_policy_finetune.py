@@ -123,3 +123,33 @@ def test_a_bag_without_targets_is_refused_naming_the_topic(bags: list[Path]) -> 
 
     with pytest.raises(BagError, match="missing topic 'no/such/target'"):
         load_trajectories(bags[:1], TaskConfig(), ARM, target_topic="no/such/target")
+
+
+def test_the_action_space_fit_resolves_the_small_near_target_moves(bags: list[Path],
+                                                                   tmp_path: Path) -> None:
+    """The signed square a|a| makes a 1 % move an action of 0.1 but a 1e-4 step-space error:
+    a step-space fit leaves the near-target moves nearly unconstrained (the transfer run 11
+    child, docs/proxy.md). Fitting the action, the training space, fits them better."""
+    from sim2real_ros.policy.finetune import _action_error, teacher_steps
+    from sim2real_ros.policy.task import resolve_rate_limits, step_to_action
+
+    parent, _ = PolicyRegistry(tmp_path / "reg").load(0)
+    task = resolve_rate_limits(TaskConfig.from_dict(parent.task, strict=False), ARM)
+    trajs = load_trajectories(bags, task, ARM)
+    kids = {space: finetune_last_layer(parent, trajs, heldout_fraction=0.25, seed=0,
+                                       epochs=200, fit_space=space)
+            for space in ("action", "step")}
+    rep_a, rep_s = kids["action"][1], kids["step"][1]
+    assert rep_a.fit_space == "action" and rep_s.fit_space == "step"
+    assert rep_a.after_action_rms < 0.95 * rep_a.before_action_rms, rep_a
+    # the small moves: teacher actions under 0.3 on every joint (steps under 9 % of the scale)
+    obs = np.concatenate([t.obs for t in trajs])
+    steps = np.concatenate(teacher_steps(trajs, task, ARM))
+    small = np.all(np.abs(step_to_action(task, steps)) < 0.3, axis=1)
+    assert small.sum() > 50
+    err = {space: float(np.sqrt(np.mean(_action_error(child, obs[small], steps[small]) ** 2)))
+           for space, (child, _) in [*kids.items(), ("parent", (parent, None))]}
+    # measured: parent 0.057, step-space child 0.044, action-space child 0.010
+    assert err["action"] < 0.8 * err["step"], err
+    with pytest.raises(FinetuneError, match="fit_space 'torque'"):
+        finetune_last_layer(parent, trajs, fit_space="torque")
