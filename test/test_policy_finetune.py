@@ -107,6 +107,9 @@ def test_cli_finetune_writes_a_child_version_with_the_report(
     assert rec.parent == 1 and reg.known_good == 1  # not promoted without --promote
     ft = rec.metadata["finetune"]
     assert ft["layers_changed"] == "last" and ft["after_rms_rad"] < ft["before_rms_rad"]
+    # The default loss space is the step space: the action space did worse on the proxy
+    # (docs/proxy.md, run 12), so it is an option, not the default.
+    assert ft["fit_space"] == "step"
     assert len(ft["bag_sha256"]) == 64 and len(ft["bags"]) == 2
     reg.load(2)  # the child loads and verifies
 

@@ -294,9 +294,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="what the last layer learns: the IK teacher's action at each recorded "
                    "state (teacher), or the recorded command steps (commands, step interface "
                    "only); auto = teacher for jerk-limited policies (docs/policy.md)")
-    c.add_argument("--fit-space", choices=("action", "step"), default="action",
-                   help="compare the normalized action (the training space, default) or the "
-                   "normalized step a|a| (resolves near-target moves poorly; docs/policy.md)")
+    c.add_argument("--fit-space", choices=("action", "step"), default="step",
+                   help="compare the normalized step a|a| (default) or the normalized action (the "
+                   "training space; did worse on the proxy, docs/proxy.md run 12)")
     c.add_argument("--sim-eval-episodes", type=int, default=50,
                    help="also measure the child's sim success (0 = skip)")
     c.add_argument("--promote", action="store_true")
