@@ -156,3 +156,72 @@ def test_the_action_space_fit_resolves_the_small_near_target_moves(bags: list[Pa
     assert err["action"] < 0.8 * err["step"], err
     with pytest.raises(FinetuneError, match="fit_space 'torque'"):
         finetune_last_layer(parent, trajs, fit_space="torque")
+
+
+def test_rehearsal_on_the_parents_own_sim_states_keeps_its_behaviour_there(
+    bags: list[Path], tmp_path: Path
+) -> None:
+    """A last layer fitted only on the recorded states moves the policy on the states it
+    visits itself (the transfer experiment's seed-1 children, docs/proxy.md); rehearsing the
+    teacher on the parent's own simulator rollouts holds it there while the recorded states
+    are still fitted."""
+    from sim2real_ros.policy.env import load_spec
+    from sim2real_ros.policy.finetune import sim_anchor
+
+    parent, _ = PolicyRegistry(tmp_path / "reg").load(0)
+    trajs = load_trajectories(bags, TaskConfig.from_dict(parent.task, strict=False), ARM)
+    ao, aa = sim_anchor(parent, 120, load_spec("default"), seed=3)
+    assert ao.shape == (960, parent.spec.obs_dim) and aa.shape == (960, parent.spec.act_dim)
+    assert np.all(np.isfinite(ao)) and np.all(np.abs(aa) <= 1.0)
+    reps = {w: finetune_last_layer(parent, trajs, heldout_fraction=0.25, seed=0, epochs=200,
+                                   anchor=(ao, aa), anchor_weight=w)[1] for w in (0.0, 0.3)}
+    free, held = reps[0.0], reps[0.3]
+    assert free.n_anchor_samples == held.n_anchor_samples == 960 and held.anchor_weight == 0.3
+    assert free.anchor_before_action_rms == pytest.approx(held.anchor_before_action_rms)
+    # without rehearsal the sim-state error grows; with it, it stays well below that
+    assert free.anchor_after_action_rms > free.anchor_before_action_rms, free
+    assert held.anchor_after_action_rms < 0.8 * free.anchor_after_action_rms, (free, held)
+    # and the recorded states are still fitted (measured, step error in mrad: free 0.778 ->
+    # 0.729, rehearsed 0.778 -> 0.754; anchor action error: free 0.132 -> 0.162, rehearsed
+    # 0.083). The two pull against each other: at weight 1 the recorded error no longer falls.
+    assert held.after_rms_rad < held.before_rms_rad, held
+
+
+def test_a_bad_rehearsal_set_or_weight_is_refused(bags: list[Path], tmp_path: Path) -> None:
+    from sim2real_ros.policy.finetune import sim_anchor
+
+    parent, _ = PolicyRegistry(tmp_path / "reg").load(0)
+    trajs = load_trajectories(bags[:1], TaskConfig.from_dict(parent.task, strict=False), ARM)
+    d, a = parent.spec.obs_dim, parent.spec.act_dim
+    ok = (np.zeros((10, d)), np.zeros((10, a)))
+    for w in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(FinetuneError, match="anchor_weight"):
+            finetune_last_layer(parent, trajs, anchor=ok, anchor_weight=w, epochs=1)
+    bad_obs = np.zeros((10, d))
+    bad_obs[3, 0] = np.nan
+    cases = {
+        "non-finite": (bad_obs, ok[1]),
+        "observations of": (np.zeros((10, d + 1)), ok[1]),
+        "expected \\(observations": (np.zeros((10, d)), np.zeros((9, a))),
+    }
+    for match, anchor in cases.items():
+        with pytest.raises(FinetuneError, match=match):
+            finetune_last_layer(parent, trajs, anchor=anchor, epochs=1)
+    with pytest.raises(FinetuneError, match="anchor steps = 0"):
+        sim_anchor(parent, 0)
+
+
+def test_cli_finetune_rehearses_in_the_parents_simulator(
+    bags: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(tmp_path / "reg")
+    code = sim2real(["policy", "finetune", *map(str, bags), "--registry", root, "--epochs", "50",
+                     "--sim-eval-episodes", "0", "--anchor-steps", "40", "--anchor-weight", "2"])
+    assert code == 0
+    assert "rehearsal: 320 samples" in capsys.readouterr().out
+    ft = PolicyRegistry(root).record(2).metadata["finetune"]
+    assert ft["n_anchor_samples"] == 320 and ft["anchor_weight"] == 2.0
+    assert ft["anchor_steps"] == 40 and ft["anchor_source"] == "randomization default"
+    with pytest.raises(SystemExit, match="--anchor-steps -1"):
+        sim2real(["policy", "finetune", *map(str, bags), "--registry", root,
+                  "--anchor-steps", "-1"])

@@ -150,12 +150,34 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     arm = load_arm(default_urdf())
     trajs = load_trajectories(args.bags, task, arm, args.command_topic, args.target_topic,
                               args.joint_topic)
+    anchor = None
+    anchor_source = ""
+    if args.anchor_steps < 0:
+        raise SystemExit(f"--anchor-steps {args.anchor_steps}: expected >= 0 (0 = no rehearsal)")
+    if args.anchor_steps:
+        from sim2real_ros.policy.env import load_spec
+        from sim2real_ros.policy.finetune import sim_anchor
+
+        if args.anchor_calibration:
+            from sim2real_ros.sim.randomization import load_calibration
+
+            nominal, spec = load_calibration(args.anchor_calibration)
+            anchor_source = f"calibration {args.anchor_calibration}"
+        else:
+            nominal, spec = None, load_spec(args.anchor_randomization)
+            anchor_source = f"randomization {args.anchor_randomization}"
+        print(f"rehearsal: rolling the parent out for {args.anchor_steps} steps x 8 envs in its "
+              f"simulator ({anchor_source})", flush=True)
+        anchor = sim_anchor(policy, args.anchor_steps, spec, seed=args.seed + 17,
+                            calibration=nominal)
     child, rep = finetune_last_layer(policy, trajs, args.heldout, args.seed, args.epochs,
-                                     labels=args.labels, arm=arm, fit_space=args.fit_space)
+                                     labels=args.labels, arm=arm, fit_space=args.fit_space,
+                                     anchor=anchor, anchor_weight=args.anchor_weight)
     meta: dict[str, Any] = {
         "source": "finetune",
         "finetune": {**rep.to_dict(), "parent_version": rec.version, "seed": args.seed,
                      "epochs": args.epochs, "command_topic": args.command_topic,
+                     "anchor_steps": args.anchor_steps, "anchor_source": anchor_source,
                      "labels": rep.labels,
                      "layers_changed": "last"},
         "seed": args.seed,
@@ -182,6 +204,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                                                  rep.before_per_joint_rad))
     print("per joint after  [mrad]: " + " ".join(f"{v * 1e3:.3f}" for v in
                                                  rep.after_per_joint_rad))
+    if rep.n_anchor_samples:
+        print(f"rehearsal: {rep.n_anchor_samples} samples of the parent in its simulator "
+              f"(weight {rep.anchor_weight:g}), action error there before "
+              f"{rep.anchor_before_action_rms:.4f}, after {rep.anchor_after_action_rms:.4f}")
     if meta["sim_success"] is not None:
         print(f"sim success of the child: {meta['sim_success']:.3f}")
     print(f"registered child version {new.version} (parent {rec.version}, sha256 {new.sha256})")
@@ -297,6 +323,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c.add_argument("--fit-space", choices=("action", "step"), default="step",
                    help="compare the normalized step a|a| (default) or the normalized action (the "
                    "training space; did worse on the proxy, docs/proxy.md run 12)")
+    c.add_argument("--anchor-steps", type=int, default=0,
+                   help="rehearsal: roll the parent out this many steps (x 8 envs) in its own "
+                   "simulator and keep fitting the teacher there (0 = off; docs/policy.md)")
+    c.add_argument("--anchor-weight", type=float, default=3.0,
+                   help="weight of the rehearsal batch in the loss, relative to the recorded batch")
+    c.add_argument("--anchor-calibration", default=None,
+                   help="calibration.yaml of the parent's simulator (a calibrated policy)")
+    c.add_argument("--anchor-randomization", default="default",
+                   help="randomization spec of the parent's simulator without a calibration")
     c.add_argument("--sim-eval-episodes", type=int, default=50,
                    help="also measure the child's sim success (0 = skip)")
     c.add_argument("--promote", action="store_true")

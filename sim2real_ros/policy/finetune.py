@@ -34,6 +34,20 @@ What the loss compares (`fit_space`):
   against run 10's 73 % in step space; offline on run 12's bag, 0.63 against 0.78 in the
   parent's simulator), so the step space stays the default and `action` is an option.
 
+Rehearsal (`anchor`): the recorded states are those the real arm visited under whatever drove
+it; in shadow mode that is the baseline, whose command history the policy never produces
+itself. A last layer fitted only there can change what the policy does on its own states (the
+transfer experiment's seed-1 children: 93 → 20 % in their parent's simulator). `sim_anchor`
+rolls the parent out in its own simulator and labels every state with the teacher; those
+samples enter the loss with weight `anchor_weight`, so the update must keep the policy's own
+behaviour while it corrects the real-arm states (rehearsal against forgetting, as in
+continual learning). The report gives the action error on the anchor before and after.
+Measured on the transfer experiment's run 12 (seed 1) bag, children in their parent's
+calibrated simulator: a refit on the parent's own sim states alone is harmless (0.93 against
+the parent's 0.90), a refit on the proxy states alone breaks it (0.15, action space), and the
+proxy states plus 16 000 rehearsal samples at weight 3 keep it (0.90) while the proxy-state
+error still falls from 0.161 to 0.100 (docs/proxy.md).
+
 A trajectory is a run of commands under one target. Trajectories, not samples, are split into
 training and held-out sets (seeded), so the reported before/after error is on motions the
 fine-tune never saw. Only the members' output layers change: the hidden features stay as the
@@ -111,6 +125,11 @@ class FinetuneReport:
     # RMS normalized-action error on the held-out trajectories (the action-space loss).
     before_action_rms: float = float("nan")
     after_action_rms: float = float("nan")
+    # Rehearsal: samples from the parent's own simulator, and the action error there.
+    n_anchor_samples: int = 0
+    anchor_weight: float = 0.0
+    anchor_before_action_rms: float = float("nan")
+    anchor_after_action_rms: float = float("nan")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict."""
@@ -269,6 +288,41 @@ def teacher_steps(trajectories: list[Trajectory], task: TaskConfig, arm: ArmMode
     return out
 
 
+def sim_anchor(
+    policy: EnsemblePolicy,
+    n_steps: int,
+    spec: Any = None,
+    seed: int = 0,
+    calibration: Any = None,
+    n_envs: int = 8,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Roll the policy (ensemble mean) out in its simulator for `n_steps` control steps per
+    environment and return (observations, the teacher's normalized actions there).
+
+    `spec` is the randomization the policy trained under (default: `default`); `calibration`
+    (PlantParams) the calibrated nominal plant, as `evaluate_in_sim` takes them.
+    """
+    from sim2real_ros.policy.env import ReachingVecEnv, load_spec
+    from sim2real_ros.policy.train import _policy_action
+
+    if n_steps < 1:
+        raise FinetuneError(f"anchor steps = {n_steps}: expected at least 1")
+    task = TaskConfig.from_dict(policy.task, strict=False)
+    env = ReachingVecEnv(n_envs, task, spec if spec is not None else load_spec("default"),
+                         seed=seed, calibration=calibration)
+    obs_l: list[np.ndarray] = []
+    act_l: list[np.ndarray] = []
+    try:
+        obs = env.reset()
+        for _ in range(n_steps):
+            obs_l.append(obs)
+            act_l.append(env.expert_actions())
+            obs = env.step(_policy_action(policy, obs)).obs
+    finally:
+        env.close()
+    return np.concatenate(obs_l), np.concatenate(act_l)
+
+
 def _default_arm() -> ArmModel:
     from sim2real_ros.paths import default_urdf
     from sim2real_ros.robot.model import load_arm
@@ -292,11 +346,29 @@ def finetune_last_layer(
     labels: str = "auto",
     arm: ArmModel | None = None,
     fit_space: str = "step",
+    anchor: tuple[np.ndarray, np.ndarray] | None = None,
+    anchor_weight: float = 1.0,
 ) -> tuple[EnsemblePolicy, FinetuneReport]:
     """Return a child policy whose members' output layers fit the labels (module docstring)
-    on the recorded states, and a report."""
+    on the recorded states, and a report.
+
+    `anchor` = (observations, normalized teacher actions) from the parent's own simulator
+    (`sim_anchor`): rehearsed with weight `anchor_weight` (module docstring)."""
     if fit_space not in FIT_SPACES:
         raise FinetuneError(f"fit_space {fit_space!r}: expected one of {list(FIT_SPACES)}")
+    if not (np.isfinite(anchor_weight) and anchor_weight >= 0.0):
+        raise FinetuneError(f"anchor_weight = {anchor_weight}: expected a finite value >= 0")
+    if anchor is not None:
+        ao, aa = (np.asarray(x, dtype=float) for x in anchor)
+        if ao.ndim != 2 or aa.ndim != 2 or len(ao) != len(aa) or len(ao) == 0:
+            raise FinetuneError(f"anchor: expected (observations (N, D), actions (N, A)) with "
+                                f"N > 0, got shapes {ao.shape} and {aa.shape}")
+        if ao.shape[1] != policy.spec.obs_dim or aa.shape[1] != policy.spec.act_dim:
+            raise FinetuneError(f"anchor: observations of {ao.shape[1]} and actions of "
+                                f"{aa.shape[1]} values; the policy has {policy.spec.obs_dim} "
+                                f"and {policy.spec.act_dim}")
+        if not (np.all(np.isfinite(ao)) and np.all(np.isfinite(aa))):
+            raise FinetuneError("anchor: non-finite observations or actions")
     arm = arm or _default_arm()
     task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False), arm)
     labels = resolve_labels(labels, task0)
@@ -323,6 +395,9 @@ def finetune_last_layer(
     before_h = _step_error(child, ho, hs)
     before_t = _step_error(child, xo, xs)
     before_ha = _action_error(child, ho, hs)
+    if anchor is not None:
+        anchor_label = np.clip(aa, -0.98, 0.98)
+        before_anchor = child.evaluate(ao).action - anchor_label
 
     net = child.net
     for p in net.parameters():
@@ -339,6 +414,13 @@ def finetune_last_layer(
     else:
         target_np = np.clip(xs, -scale, scale) / scale
     target = torch.as_tensor(target_np, dtype=torch.float32)
+    use_anchor = anchor is not None and anchor_weight > 0.0
+    if use_anchor:
+        with torch.no_grad():
+            afeats = net.features(child.normalize(torch.as_tensor(ao, dtype=torch.float32)))
+        alab = np.clip(aa, -0.98, 0.98)
+        atarget = torch.as_tensor(alab if fit_space == "action" else alab * np.abs(alab),
+                                  dtype=torch.float32)
     opt = torch.optim.Adam([w, b], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     n = feats.shape[1]
@@ -355,6 +437,13 @@ def finetune_last_layer(
             loss = torch.mean((pred - target[idx]) ** 2) + l2_to_init * (
                 torch.sum((w - w0) ** 2) + torch.sum((b - b0) ** 2)
             ) / members
+            if use_anchor:
+                na = afeats.shape[1]
+                j = torch.randint(0, na, (members, min(batch_size, na)), generator=gen)
+                ha = torch.gather(afeats, 1, j[..., None].expand(-1, -1, afeats.shape[2]))
+                aa_ = torch.tanh(net.head(ha))
+                apred = aa_ if fit_space == "action" else aa_ * aa_.abs()
+                loss = loss + anchor_weight * torch.mean((apred - atarget[j]) ** 2)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -364,6 +453,12 @@ def finetune_last_layer(
     after_h = _step_error(child, ho, hs)
     after_t = _step_error(child, xo, xs)
     after_ha = _action_error(child, ho, hs)
+    anchor_stats: dict[str, Any] = {}
+    if anchor is not None:
+        after_anchor = child.evaluate(ao).action - anchor_label
+        anchor_stats = {"n_anchor_samples": int(len(ao)), "anchor_weight": float(anchor_weight),
+                        "anchor_before_action_rms": _rms(before_anchor),
+                        "anchor_after_action_rms": _rms(after_anchor)}
     report = FinetuneReport(
         n_trajectories=len(trajectories),
         n_train=len(train_t),
@@ -381,6 +476,7 @@ def finetune_last_layer(
         fit_space=fit_space,
         before_action_rms=_rms(before_ha),
         after_action_rms=_rms(after_ha),
+        **anchor_stats,
     )
     report.bag_sha256 = _bags_sha256([Path(b) for b in report.bags])
     return child, report
