@@ -73,6 +73,15 @@ def test_quick_run_writes_every_artifact_and_a_corrupted_one_stops_the_resume(
     info = json.loads((run_dir / "run.json").read_text())
     assert info["quick"] is True and len(info["unit_file_sha256"]) == 64
     assert info["versions"]["mujoco"] != "not installed"
+    # The step-4 fine-tune rehearsed in its parent's simulator (--quick: 50 steps x 8 envs).
+    ft = json.loads((run_dir / "s4b_finetune" / "finetune_report.json").read_text())
+    meta = ft["metadata"]["finetune"]
+    assert meta["n_anchor_samples"] == 400 and meta["anchor_weight"] == 3.0, meta
+    assert meta["fit_space"] == "step"
+    if ft["parent_label"] == "calibrated":
+        assert meta["anchor_source"].endswith("s3b_sysid_fit/calibration.yaml"), meta
+    else:
+        assert meta["anchor_source"].startswith("randomization "), meta
 
     # An intact run resumes without redoing anything.
     again = transfer(run_dir, "--resume")

@@ -114,6 +114,15 @@ def test_config_overrides_are_typed_and_checked() -> None:
         ExperimentConfig().with_overrides(["episodes=3"])
     with pytest.raises(ConfigError, match="proxy_episodes = 'many': expected a int"):
         ExperimentConfig().with_overrides(["proxy_episodes=many"])
+    cfg = ExperimentConfig().with_overrides(["finetune_anchor_steps=0",
+                                             "finetune_fit_space=action"])
+    assert cfg.finetune_anchor_steps == 0 and cfg.finetune_fit_space == "action"
+    for pair, match in [("finetune_anchor_steps=-5", "finetune_anchor_steps = -5"),
+                        ("finetune_anchor_weight=-1", "finetune_anchor_weight = -1.0"),
+                        ("finetune_anchor_weight=nan", "finetune_anchor_weight = nan"),
+                        ("finetune_fit_space=torque", "finetune_fit_space = 'torque'")]:
+        with pytest.raises(ConfigError, match=match):
+            ExperimentConfig().with_overrides([pair])
 
 
 def test_scorer_applies_the_task_success_rule_and_tracking_error() -> None:

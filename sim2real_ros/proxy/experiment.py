@@ -94,6 +94,13 @@ class ExperimentConfig:
     # states lost 33 points on the proxy. (Run 5 collected in shadow with the baseline's
     # commands as labels, which taught nothing: the labels are the teacher's now.)
     collect_rollout_stage: str = "shadow"
+    # Rehearsal: the fine-tune also fits the teacher on this many steps (x 8 envs) of the
+    # parent's own rollouts in its simulator, at this weight relative to the proxy batch. A last
+    # layer fitted on the proxy states alone broke the seed-1 parents (runs 9-12: sim 93 -> 20 %);
+    # offline on run 12's bag, 2000 steps at weight 3 kept the parent's 0.90 (docs/proxy.md).
+    finetune_anchor_steps: int = 2000
+    finetune_anchor_weight: float = 3.0
+    finetune_fit_space: str = "step"
     # budget shown in the progress display (s); informational
     budget_s: float = 45 * 60.0
 
@@ -103,7 +110,7 @@ class ExperimentConfig:
         return cls(sim_episodes=12, proxy_episodes=6, train_n_envs=4, train_iterations=3,
                    train_steps_per_iteration=60, train_grad_steps=120, train_members=3,
                    train_eval_episodes=12, sysid_runs=3, excitation_s=8.0,
-                   finetune_trajectories=6, budget_s=10 * 60.0)
+                   finetune_trajectories=6, finetune_anchor_steps=50, budget_s=10 * 60.0)
 
     def with_overrides(self, pairs: list[str], source: str = "--set") -> ExperimentConfig:
         """Apply `key=value` overrides, typed like the field; ConfigError names a bad one."""
@@ -134,6 +141,15 @@ class ExperimentConfig:
             if getattr(self, key) < low:
                 why = " (the playbook asks for at least three runs)" if key == "sysid_runs" else ""
                 raise ConfigError(source, key, getattr(self, key), f"an integer >= {low}{why}")
+        if self.finetune_anchor_steps < 0:
+            raise ConfigError(source, "finetune_anchor_steps", self.finetune_anchor_steps,
+                              "an integer >= 0 (0 = no rehearsal)")
+        if not (math.isfinite(self.finetune_anchor_weight) and self.finetune_anchor_weight >= 0):
+            raise ConfigError(source, "finetune_anchor_weight", self.finetune_anchor_weight,
+                              "a finite number >= 0")
+        if self.finetune_fit_space not in ("action", "step"):
+            raise ConfigError(source, "finetune_fit_space", self.finetune_fit_space,
+                              "'step' or 'action'")
         if not 1.0 <= self.excitation_s <= 600.0:
             raise ConfigError(source, "excitation_s", self.excitation_s, "a number in [1, 600] s")
         stages = ("shadow", "advisory", "limited", "full")
@@ -913,9 +929,18 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
     parent = registry_version(ctx, label)
     ctx.run.verify("s4a_collect")
     bags = sorted(p for p in (ctx.run.stage_dir("s4a_collect") / "bags").iterdir() if p.is_dir())
+    # The rehearsal rolls the parent out in the simulator it was trained in.
+    if label == "calibrated":
+        sim_args = ["--anchor-calibration", str(ctx.run.artifact("s3b_sysid_fit",
+                                                                   "calibration.yaml"))]
+    else:
+        sim_args = ["--anchor-randomization", "none" if label == "nominal" else "default"]
     _sim2real(["policy", "finetune", *[str(b) for b in bags], "--version", str(parent),
                "--registry", str(ctx.registry_root), "--seed", str(ctx.cfg.seed),
-               "--sim-eval-episodes", "0"], out / "finetune.log", "step 4 fine-tune", echo=True)
+               "--sim-eval-episodes", "0", "--fit-space", ctx.cfg.finetune_fit_space,
+               "--anchor-steps", str(ctx.cfg.finetune_anchor_steps),
+               "--anchor-weight", repr(ctx.cfg.finetune_anchor_weight), *sim_args],
+              out / "finetune.log", "step 4 fine-tune", echo=True)
     reg = PolicyRegistry(ctx.registry_root, init_from_default=False)
     child = max(r.version for r in reg.versions())
     if child == parent:
