@@ -347,7 +347,7 @@ def finetune_last_layer(
     arm: ArmModel | None = None,
     fit_space: str = "step",
     anchor: tuple[np.ndarray, np.ndarray] | None = None,
-    anchor_weight: float = 1.0,
+    anchor_weight: float = 3.0,
 ) -> tuple[EnsemblePolicy, FinetuneReport]:
     """Return a child policy whose members' output layers fit the labels (module docstring)
     on the recorded states, and a report.
@@ -369,6 +369,7 @@ def finetune_last_layer(
                                 f"and {policy.spec.act_dim}")
         if not (np.all(np.isfinite(ao)) and np.all(np.isfinite(aa))):
             raise FinetuneError("anchor: non-finite observations or actions")
+        anchor_label = np.clip(aa, -0.98, 0.98)  # as in training
     arm = arm or _default_arm()
     task0 = resolve_rate_limits(TaskConfig.from_dict(policy.task, strict=False), arm)
     labels = resolve_labels(labels, task0)
@@ -396,7 +397,6 @@ def finetune_last_layer(
     before_t = _step_error(child, xo, xs)
     before_ha = _action_error(child, ho, hs)
     if anchor is not None:
-        anchor_label = np.clip(aa, -0.98, 0.98)
         before_anchor = child.evaluate(ao).action - anchor_label
 
     net = child.net
@@ -414,13 +414,16 @@ def finetune_last_layer(
     else:
         target_np = np.clip(xs, -scale, scale) / scale
     target = torch.as_tensor(target_np, dtype=torch.float32)
+
+    def in_fit_space(a: Any) -> Any:
+        # normalized action, or normalized step (see task.action_to_step)
+        return a if fit_space == "action" else a * abs(a)
+
     use_anchor = anchor is not None and anchor_weight > 0.0
     if use_anchor:
         with torch.no_grad():
             afeats = net.features(child.normalize(torch.as_tensor(ao, dtype=torch.float32)))
-        alab = np.clip(aa, -0.98, 0.98)
-        atarget = torch.as_tensor(alab if fit_space == "action" else alab * np.abs(alab),
-                                  dtype=torch.float32)
+        atarget = torch.as_tensor(in_fit_space(anchor_label), dtype=torch.float32)
     opt = torch.optim.Adam([w, b], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     n = feats.shape[1]
@@ -431,9 +434,7 @@ def finetune_last_layer(
             # Each member draws its own bootstrap minibatch, as in training.
             idx = torch.randint(0, n, (members, min(batch_size, n)), generator=gen)
             h = torch.gather(feats, 1, idx[..., None].expand(-1, -1, feats.shape[2]))
-            a = torch.tanh(net.head(h))
-            # normalized action, or normalized step (see task.action_to_step)
-            pred = a if fit_space == "action" else a * a.abs()
+            pred = in_fit_space(torch.tanh(net.head(h)))
             loss = torch.mean((pred - target[idx]) ** 2) + l2_to_init * (
                 torch.sum((w - w0) ** 2) + torch.sum((b - b0) ** 2)
             ) / members
@@ -441,8 +442,7 @@ def finetune_last_layer(
                 na = afeats.shape[1]
                 j = torch.randint(0, na, (members, min(batch_size, na)), generator=gen)
                 ha = torch.gather(afeats, 1, j[..., None].expand(-1, -1, afeats.shape[2]))
-                aa_ = torch.tanh(net.head(ha))
-                apred = aa_ if fit_space == "action" else aa_ * aa_.abs()
+                apred = in_fit_space(torch.tanh(net.head(ha)))
                 loss = loss + anchor_weight * torch.mean((apred - atarget[j]) ** 2)
             opt.zero_grad()
             loss.backward()

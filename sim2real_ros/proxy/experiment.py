@@ -929,12 +929,12 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
     parent = registry_version(ctx, label)
     ctx.run.verify("s4a_collect")
     bags = sorted(p for p in (ctx.run.stage_dir("s4a_collect") / "bags").iterdir() if p.is_dir())
-    # The rehearsal rolls the parent out in the simulator it was trained in.
-    if label == "calibrated":
-        sim_args = ["--anchor-calibration", str(ctx.run.artifact("s3b_sysid_fit",
-                                                                   "calibration.yaml"))]
-    else:
-        sim_args = ["--anchor-randomization", "none" if label == "nominal" else "default"]
+    # The parent's simulator: the rehearsal rolls it out there, and the child is scored there.
+    calibration = (ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
+                   if label == "calibrated" else None)
+    spec_name = "none" if label == "nominal" else "default"
+    sim_args = (["--anchor-calibration", str(calibration)] if calibration is not None
+                else ["--anchor-randomization", spec_name])
     _sim2real(["policy", "finetune", *[str(b) for b in bags], "--version", str(parent),
                "--registry", str(ctx.registry_root), "--seed", str(ctx.cfg.seed),
                "--sim-eval-episodes", "0", "--fit-space", ctx.cfg.finetune_fit_space,
@@ -953,15 +953,14 @@ def stage_finetune(ctx: Context, out: Path) -> dict[str, Any]:
                                               "metadata": rec.metadata})
     policy, _ = reg.load(child)
     # Sim success of the child in its parent's simulator.
-    if label == "calibrated":
-        calibration = ctx.run.artifact("s3b_sysid_fit", "calibration.yaml")
+    if calibration is not None:
         sim = _sim_eval(ctx, policy, None, out / "sim_eval_finetuned.json", "finetuned",
                         calibration=calibration)
     else:
         from sim2real_ros.policy.env import load_spec
 
-        sim = _sim_eval(ctx, policy, load_spec("none" if label == "nominal" else "default"),
-                        out / "sim_eval_finetuned.json", "finetuned")
+        sim = _sim_eval(ctx, policy, load_spec(spec_name), out / "sim_eval_finetuned.json",
+                        "finetuned")
     return {"parent_version": parent, "parent_label": label, "sim_eval": sim,
             "finetune": rec.metadata.get("finetune", {})}
 
