@@ -395,3 +395,26 @@ def test_every_event_and_status_carries_the_envelope_hash() -> None:
         assert e.to_dict(ENV.sha256)["envelope_sha256"] == ENV.sha256
         assert e.to_json(ENV.sha256)
     assert rig.sup.status()["envelope_sha256"] == ENV.sha256 and rig.sup.status()["estop"]
+
+
+def test_baseline_hold_event_names_the_check_that_failed_and_its_figure() -> None:
+    # Silent baseline: the hold says how long ago its last message came, against the timeout.
+    rig = Rig(stage="advisory", baseline_timeout_s=0.025)
+    rig.step(5)
+    rig.baseline = False
+    rig.step(4)
+    hold = [e for e in rig.events(ev.HOLD) if e.limit == "baseline_unavailable"]
+    assert len(hold) == 1
+    assert "stale_arrival" in hold[0].detail and "> 0.025 s" in hold[0].detail
+    # A baseline that keeps answering an old joint state: the hold gives the stamp's age.
+    rig = Rig(stage="advisory", max_baseline_age_s=0.05)
+    rig.step(5)
+    rig.baseline = False
+    old = rig.t
+    for _ in range(8):
+        rig.sup.on_baseline_command(rig.t + P, old, None, HOME)
+        rig.step()
+    hold = [e for e in rig.events(ev.HOLD) if e.limit == "baseline_unavailable"]
+    assert len(hold) == 1 and "stale_stamp" in hold[0].detail, hold
+    age = float(hold[0].detail.split("state ")[1].split(" s")[0])
+    assert 0.05 <= age <= 0.07
