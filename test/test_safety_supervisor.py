@@ -72,7 +72,7 @@ def _driving(rig: Rig) -> None:
 
 def test_stream_watch_rejects_out_of_order_and_future_stamps() -> None:
     w = StreamWatch("x", timeout_s=0.02, max_age_s=0.1, future_tolerance_s=0.005)
-    assert w.status(0.0) == "missing"
+    assert w.status(0.0) == "missing" and w.describe(0.0) == "x missing"
     assert w.accept(1.0, 1.0) == ""
     assert w.accept(1.01, 0.99) == "out_of_order"
     assert w.accept(1.01, 1.016) == "future_stamp"
@@ -416,5 +416,5 @@ def test_baseline_hold_event_names_the_check_that_failed_and_its_figure() -> Non
         rig.step()
     hold = [e for e in rig.events(ev.HOLD) if e.limit == "baseline_unavailable"]
     assert len(hold) == 1 and "stale_stamp" in hold[0].detail, hold
-    age = float(hold[0].detail.split("state ")[1].split(" s")[0])
+    age = float(hold[0].detail.split("stamp ")[1].split(" s")[0])
     assert 0.05 <= age <= 0.07

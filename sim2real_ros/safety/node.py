@@ -410,8 +410,8 @@ class SafetyFilter(Node):
             d = e.to_dict(self.envelope.sha256)
             d.update(extra)
             self.event_pub.publish(String(data=json.dumps(d, sort_keys=True)))
-            if e.kind in (ev.ESTOP, ev.FALLBACK, ev.RETURN, ev.STAGE, ev.MONITOR, ev.ROLLBACK, ev.HOLD,
-                          ev.ESTOP_RESET, ev.CLOCK_JUMP):
+            if e.kind in (ev.ESTOP, ev.FALLBACK, ev.RETURN, ev.STAGE, ev.MONITOR, ev.ROLLBACK,
+                          ev.HOLD, ev.ESTOP_RESET, ev.CLOCK_JUMP):
                 self.get_logger().warning(
                     f"{e.kind} {e.limit} {e.joint} {e.detail} "
                     f"(envelope {self.envelope.sha256[:12]})")

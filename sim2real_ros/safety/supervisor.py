@@ -27,7 +27,7 @@ from sim2real_ros.safety.envelope import Envelope
 from sim2real_ros.safety.events import SafetyEvent
 from sim2real_ros.safety.monitor import Monitor, MonitorConfig, Verdict
 from sim2real_ros.safety.projection import EFFORT, MODES, POSITION, VELOCITY, Projector
-from sim2real_ros.safety.watchdog import FRESH, STALE_ARRIVAL, ClockGuard, StreamWatch
+from sim2real_ros.safety.watchdog import FRESH, ClockGuard, StreamWatch
 
 SHADOW, ADVISORY, LIMITED, FULL = "shadow", "advisory", "limited", "full"
 STAGES = (SHADOW, ADVISORY, LIMITED, FULL)
@@ -477,9 +477,9 @@ class Supervisor:
 
         # Source.
         js = self.joint_watch.status(now_s)
-        bw = self.baseline_watch
-        base_status = bw.status(now_s, self.joint_watch.last_stamp_s)
-        base_ok = self.baseline_cmd is not None and base_status == FRESH
+        base_fresh = (self.baseline_watch.status(now_s, self.joint_watch.last_stamp_s)
+                      == FRESH)
+        base_ok = self.baseline_cmd is not None and base_fresh
         if js != FRESH:
             source, hold_reason = SOURCE_HOLD, f"joint_states_{js}"
         elif self.estop:
@@ -497,7 +497,8 @@ class Supervisor:
             late = self._tick_late_periods
             detail = hold_reason
             if hold_reason == "baseline_unavailable":
-                detail = _baseline_detail(bw, base_status, now_s, self.joint_watch.last_stamp_s)
+                detail = (self.baseline_watch.describe(now_s, self.joint_watch.last_stamp_s)
+                          if not base_fresh else "baseline/joint_command: no valid command yet")
             if hold_reason == "estop":
                 detail = self.estop_reason
                 periods = max(0.0, now_s - self._estop_t) / cfg.period_s
@@ -594,19 +595,6 @@ def _finite_list(values: Sequence[float] | None, n: int) -> list[float] | None:
     except (TypeError, ValueError):
         return None
     return out if all(math.isfinite(v) for v in out) else None
-
-
-def _baseline_detail(watch: StreamWatch, status: str, now_s: float,
-                     joint_stamp_s: float | None) -> str:
-    """Why the baseline cannot drive, with the figure that failed (what an operator asks)."""
-    if status == FRESH or watch.last_arrival_s is None or watch.last_stamp_s is None:
-        return f"baseline/joint_command {status or 'not yet valid'}"
-    if status == STALE_ARRIVAL:
-        return (f"baseline/joint_command stale_arrival: last message "
-                f"{now_s - watch.last_arrival_s:.3f} s ago > {watch.timeout_s} s")
-    ref = now_s if joint_stamp_s is None else joint_stamp_s
-    return (f"baseline/joint_command stale_stamp: answers a joint state "
-            f"{ref - watch.last_stamp_s:.3f} s older than the newest > {watch.max_age_s} s")
 
 
 def _at(e: SafetyEvent, now_s: float) -> SafetyEvent:

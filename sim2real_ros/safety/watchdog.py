@@ -59,6 +59,20 @@ class StreamWatch:
             return STALE_STAMP
         return FRESH
 
+    def describe(self, now_s: float, reference_s: float | None = None) -> str:
+        """`status` in words, with the figure that failed and its limit (for events/logs)."""
+        status = self.status(now_s, reference_s)
+        if status == FRESH:
+            return f"{self.name} fresh"
+        if self.last_arrival_s is None or self.last_stamp_s is None:
+            return f"{self.name} {status}"
+        if status == STALE_ARRIVAL:
+            return (f"{self.name} {status}: last message {now_s - self.last_arrival_s:.3f} s "
+                    f"ago > {self.timeout_s} s")
+        ref = now_s if reference_s is None else reference_s
+        return (f"{self.name} {status}: stamp {ref - self.last_stamp_s:.3f} s older than the "
+                f"reference > {self.max_age_s} s")
+
     def stale_since(self) -> float | None:
         """Return when the stream became (or will become) stale by arrival; None if never seen."""
         if self.last_arrival_s is None:
