@@ -134,3 +134,114 @@ def test_config_is_validated() -> None:
         BaselineController(ARM, ENV, BaselineConfig(home_rad=(0.0,) * 5))
     with pytest.raises(ValueError, match="rate_fraction"):
         BaselineController(ARM, ENV, BaselineConfig(rate_fraction=0.0))
+
+
+def test_step_clock_advances_whole_periods_whatever_the_timer_jitter() -> None:
+    from sim2real_ros.safety.baseline import StepClock
+
+    rng = np.random.default_rng(3)
+    clock = StepClock(P)
+    wall = 10.0 + np.arange(200) * P + rng.uniform(-0.002, 0.002, 200)
+    refs = [clock.tick(float(w)) for w in wall]
+    assert all(r is not None for r in refs)
+    assert np.allclose(np.diff(np.array(refs, dtype=float)), P, atol=1e-12)
+    assert clock.dropped == 0 and clock.resyncs == 0
+    # An overdue timer firing twice within a millisecond: the second tick is dropped.
+    t_last = clock.t_s
+    assert clock.tick(wall[-1] + 0.0102) == pytest.approx(t_last + P)
+    assert clock.tick(wall[-1] + 0.0105) is None and clock.dropped == 1
+    # A plan made between ticks starts at the last command's reference time.
+    assert clock.now(wall[-1] + 0.015) == pytest.approx(t_last + P)
+    # After a stall longer than resync_periods the reference jumps to the wall clock (counted),
+    # and so it does when the clock steps back.
+    assert clock.tick(wall[-1] + 1.0) == pytest.approx(wall[-1] + 1.0)
+    assert clock.resyncs == 1
+    assert clock.tick(wall[-1] + 0.5) == pytest.approx(wall[-1] + 0.5)
+    assert clock.resyncs == 2
+    with pytest.raises(ValueError, match="period_s"):
+        StepClock(0.0)
+    with pytest.raises(ValueError, match="early_periods"):
+        StepClock(P, early_periods=1.0)
+    with pytest.raises(ValueError, match="resync_periods"):
+        StepClock(P, resync_periods=0.5)
+
+
+def test_step_clock_stays_on_the_wall_clock_grid_after_late_ticks() -> None:
+    # rclpy's timer keeps its phase: a late callback is followed by one less than a period
+    # later. That one is published (not dropped), so the reference never falls behind.
+    from sim2real_ros.safety.baseline import StepClock
+
+    rng = np.random.default_rng(11)
+    clock = StepClock(P)
+    grid = 10.0 + np.arange(2000) * P
+    late = rng.random(2000) < 0.1
+    wall = grid + np.where(late, rng.uniform(0.004, 0.008, 2000), rng.uniform(0, 5e-4, 2000))
+    refs = np.array([clock.tick(float(w)) for w in wall], dtype=float)
+    assert clock.dropped == 0 and clock.resyncs == 0
+    assert np.allclose(np.diff(refs), P, atol=1e-12)
+    assert np.max(np.abs(refs - grid)) < 1e-3  # no lag accumulated over ~200 late ticks
+    # A stall that skips callbacks (rclpy does not replay them): the lag is bounded by
+    # resync_periods, then the reference jumps back onto the clock.
+    t = float(grid[-1])
+    lags = []
+    for k in range(1, 40):
+        now = t + (k + 3) * P  # three periods lost, the timer back on phase
+        ref = clock.tick(now)
+        lags.append(now - ref)
+    assert max(lags) <= 2.5 * P + 1e-9 and clock.resyncs == 1
+
+
+def test_reference_sampled_on_the_step_clock_keeps_the_jerk_inside_the_plan() -> None:
+    # Sampled at jittered wall times, the same trajectory's third difference (what the filter
+    # projects at its period) exceeds the envelope's jerk limit by an order of magnitude.
+    from sim2real_ros.safety.baseline import StepClock
+
+    rng = np.random.default_rng(5)
+    jerk_limit = max(j.jerk_rad_s3 for j in ENV.joints)
+    peaks = {}
+    for label in ("wall", "step"):
+        ctrl = BaselineController(ARM, ENV)
+        clock = StepClock(P)
+        wall = 10.0 + np.arange(300) * P + rng.uniform(-0.002, 0.002, 300)
+        t0 = clock.tick(float(wall[0]))
+        ctrl.step(t0, HOME_Q)
+        ok, _ = ctrl.set_target(ARM.tool_position(np.array(HOME_Q) + 0.6), clock.now(wall[0]))
+        assert ok
+        cmds = []
+        for w in wall[1:]:
+            t = clock.tick(float(w)) if label == "step" else float(w)
+            cmds.append(ctrl.step(t, HOME_Q).position)
+        jerk = np.diff(np.array(cmds), n=3, axis=0) / P ** 3
+        peaks[label] = float(np.max(np.abs(jerk)))
+    assert peaks["step"] <= jerk_limit, peaks
+    assert peaks["wall"] > 5 * jerk_limit, peaks
+
+
+def test_solving_a_target_changes_nothing_and_a_republished_one_is_not_solved_again() -> None:
+    ctrl = BaselineController(ARM, ENV)
+    ctrl.step(0.0, HOME_Q)
+    target = ARM.tool_position(HOME_Q + np.array([0.3, 0.2, -0.3, 0.1, 0.2, 0.0]))
+    solved = ctrl.solve_target(target)
+    assert solved.ok and solved.goal_rad is not None
+    assert ctrl.mode == HOLD and ctrl.goal is None and ctrl.traj is None  # untouched
+    ok, _ = ctrl.apply_target(solved, 0.0)
+    assert ok and ctrl.mode == TRACK and ctrl.traj is not None
+    traj = ctrl.traj
+    for k in range(1, 30):
+        ctrl.step(k * P, HOME_Q)
+    # The evaluation re-publishes its target every 0.2 s: no second IK, no re-plan.
+    again = ctrl.solve_target(target)
+    assert again.ok and again.goal_rad is None and "unchanged" in again.note
+    assert ctrl.apply_target(again, 0.3)[0] and ctrl.traj is traj
+    # A new target is solved; if the mode changed in between, "unchanged" is solved afresh.
+    moved = ctrl.solve_target(target + np.array([0.02, 0.0, 0.0]))
+    assert moved.goal_rad is not None
+    stale = ctrl.solve_target(target)
+    ctrl.hold(0.31)
+    ok, note = ctrl.apply_target(stale, 0.31)
+    assert ok and ctrl.mode == TRACK and "IK residual" in note
+    refused = ctrl.solve_target([5.0, 0.0, 0.5])
+    assert not refused.ok and ctrl.apply_target(refused, 0.32) == (False, refused.note)
+    assert ctrl.mode == TRACK
+    with pytest.raises(ValueError, match="same_target_m"):
+        BaselineController(ARM, ENV, BaselineConfig(same_target_m=float("nan")))

@@ -45,6 +45,8 @@ class BaselineConfig:
     goal_tolerance_rad: float = 1e-3
     # Keep IK goals this far inside the envelope's position limits.
     position_margin_rad: float = 0.05
+    # A target within this distance of the tracked one is the same target (not solved again).
+    same_target_m: float = 1e-6
 
     def check(self, n_joints: int) -> str | None:
         """Return why the configuration is invalid, or None."""
@@ -59,6 +61,8 @@ class BaselineConfig:
                 return f"{name} must be > 0, got {getattr(self, name)}"
         if self.position_margin_rad < 0.0:
             return f"position_margin_rad must be >= 0, got {self.position_margin_rad}"
+        if not (math.isfinite(self.same_target_m) and self.same_target_m >= 0.0):
+            return f"same_target_m must be a finite number >= 0, got {self.same_target_m}"
         return None
 
 
@@ -150,6 +154,75 @@ def plan_quintic(p0: np.ndarray, v0: np.ndarray, a0: np.ndarray, p1: np.ndarray,
     return q
 
 
+@dataclass(frozen=True)
+class TargetSolution:
+    """A target's IK result: `goal_rad` None with ok = the target already being tracked."""
+
+    ok: bool
+    note: str
+    xyz: np.ndarray | None = None
+    goal_rad: np.ndarray | None = None
+
+
+class StepClock:
+    """The baseline reference's time base: one control period per published command.
+
+    Sampling the quintic at the timer's wall time put the timer's jitter into the command: a
+    1 ms late tick at 0.9 rad/s moves the sample 0.9 mrad, which the safety filter, dividing by
+    its smoothed 10 ms period, reads as a jerk of ~900 rad/s^3 against the envelope's 72. On the
+    proxy cell the filter trimmed about half of the baseline's commands (1278 interventions in
+    12 advisory episodes). With this clock the n-th command is the trajectory at t0 + n periods,
+    as the policy's jerk-limited interface does it: a late tick stretches the spacing of the
+    samples, never their content. The command after a late one is not dropped: rclpy's timer
+    keeps its phase, so a late tick is followed by one less than a period later, and that one
+    brings the reference back onto the wall clock's grid (dropping it, as the first version
+    did, left the reference a period behind for good: 0.2 s behind after 20 late ticks, which
+    made the baseline miss the 2 s episode deadline). A tick is dropped only when the wall
+    clock has not reached within `early_periods` of the next sample's time (a timer firing
+    twice at once). The reference is re-anchored to the wall clock when it lags by more than
+    `resync_periods` (a stall that skipped timer callbacks: the one jump of the old sampling,
+    now only where the host really stalled). Pure: the node passes `now` in.
+    """
+
+    def __init__(self, period_s: float, early_periods: float = 0.5,
+                 resync_periods: float = 2.5) -> None:
+        if not (math.isfinite(period_s) and period_s > 0.0):
+            raise ValueError(f"period_s {period_s!r}: expected a finite number > 0 s")
+        if not (math.isfinite(early_periods) and 0.0 <= early_periods < 1.0):
+            raise ValueError(f"early_periods {early_periods!r}: expected a number in "
+                             "[0, 1) periods")
+        if not (math.isfinite(resync_periods) and resync_periods >= 1.0):
+            raise ValueError(f"resync_periods {resync_periods!r}: expected a number >= 1 "
+                             "period")
+        self.period_s = float(period_s)
+        self.early_s = float(early_periods) * self.period_s
+        self.resync_s = float(resync_periods) * self.period_s
+        self.t_s: float | None = None  # reference time of the last command
+        self.dropped = 0  # ticks that came before the next sample was due
+        self.resyncs = 0  # stalls after which the reference jumped to the wall clock
+
+    def tick(self, now_s: float) -> float | None:
+        """The reference time of this tick's command, or None when the tick is dropped."""
+        now_s = float(now_s)
+        if self.t_s is None:
+            self.t_s = now_s
+            return self.t_s
+        t = self.t_s + self.period_s
+        if t - self.resync_s <= now_s < t - self.early_s:
+            self.dropped += 1
+            return None
+        if abs(now_s - t) > self.resync_s:  # a stall, or the clock stepped back
+            t = now_s
+            self.resyncs += 1
+        self.t_s = t
+        return t
+
+    def now(self, now_s: float) -> float:
+        """The reference time for a plan made between ticks: the last command's (so the new
+        trajectory starts exactly at the last sample sent), or the wall time before the first."""
+        return float(now_s) if self.t_s is None else self.t_s
+
+
 class BaselineController:
     """Hold, home and target tracking on the arm model; one `step` per control period."""
 
@@ -209,15 +282,35 @@ class BaselineController:
 
     def set_target(self, xyz: Sequence[float], now_s: float) -> tuple[bool, str]:
         """Track a tool-frame target (base frame, m); refuse it if IK cannot reach it."""
+        solved = self.solve_target(xyz)
+        if not solved.ok:
+            return False, solved.note
+        return self.apply_target(solved, now_s)
+
+    def solve_target(self, xyz: Sequence[float], seed: np.ndarray | None = None
+                     ) -> TargetSolution:
+        """The joint goal of a tool-frame target, or why it is refused; changes nothing.
+
+        The IK takes 10-40 ms here, longer on a loaded host: the node runs this off its
+        control thread (baseline_node) and hands the result to `apply_target`. A target equal
+        to the one being tracked (within `same_target_m`) is not solved again: the evaluation
+        and the task sequencer re-publish their target every 0.2 s.
+        """
         target = np.asarray(xyz, dtype=float)
         if target.shape != (3,) or not np.all(np.isfinite(target)):
-            return False, f"target must be 3 finite numbers, got {list(xyz)!r}"
+            return TargetSolution(False, f"target must be 3 finite numbers, got {list(xyz)!r}")
         if np.any(target < self.box_min) or np.any(target > self.box_max):
-            return False, (f"target {target.round(4).tolist()} outside the workspace box "
-                           f"{self.box_min.tolist()}..{self.box_max.tolist()}")
-        seed = self.goal if self.goal is not None else (
-            self.ref if self.ref is not None else np.array(self.config.home_rad))
-        q, _ = self.arm.ik_position(target, seed)
+            return TargetSolution(False, f"target {target.round(4).tolist()} outside the "
+                                  f"workspace box {self.box_min.tolist()}.."
+                                  f"{self.box_max.tolist()}")
+        current = self.target_xyz
+        if (current is not None and self.mode == TRACK and self.goal is not None
+                and float(np.max(np.abs(current - target))) <= self.config.same_target_m):
+            return TargetSolution(True, "tracking (target unchanged)", target, None)
+        if seed is None:
+            seed = self.goal if self.goal is not None else (
+                self.ref if self.ref is not None else np.array(self.config.home_rad))
+        q, _ = self.arm.ik_position(target, np.asarray(seed, dtype=float))
         q = np.clip(q, self.goal_lower, self.goal_upper)
         err = float(np.linalg.norm(self.arm.tool_position(q) - target))
         if err > self.config.ik_tolerance_m:
@@ -228,14 +321,28 @@ class BaselineController:
             if err2 < err:
                 q, err = q2, err2
         if err > self.config.ik_tolerance_m:
-            return False, (f"target {target.round(4).tolist()} unreachable inside the envelope "
-                           f"(IK residual {err:.4f} m > {self.config.ik_tolerance_m} m)")
+            return TargetSolution(False, f"target {target.round(4).tolist()} unreachable inside "
+                                  f"the envelope (IK residual {err:.4f} m > "
+                                  f"{self.config.ik_tolerance_m} m)")
+        return TargetSolution(True, f"tracking, IK residual {err:.5f} m", target, q)
+
+    def apply_target(self, solved: TargetSolution, now_s: float) -> tuple[bool, str]:
+        """Start tracking a solved target (re-plans from the running trajectory at now_s)."""
+        if not solved.ok or solved.xyz is None:
+            return False, solved.note
+        if solved.goal_rad is None:  # the target being tracked, re-published
+            cur = self.target_xyz
+            if (self.mode == TRACK and cur is not None
+                    and float(np.max(np.abs(cur - solved.xyz))) <= self.config.same_target_m):
+                return True, solved.note
+            # The mode or target changed while it was being checked: solve it now.
+            return self.set_target(solved.xyz, now_s)
         self.mode = TRACK
-        self.target_xyz = target
-        self.goal = q
+        self.target_xyz = solved.xyz.copy()
+        self.goal = solved.goal_rad.copy()
         if self.ref is not None:
-            self._plan_to(q, now_s)
-        return True, f"tracking, IK residual {err:.5f} m"
+            self._plan_to(self.goal, now_s)
+        return True, solved.note
 
     # -- the step -------------------------------------------------------------------------
     def step(self, now_s: float, q_measured: Sequence[float],

@@ -3,14 +3,17 @@
 Subscribes `joint_states` and `task/target` (geometry_msgs/PointStamped, tool0 position in the
 base frame); publishes `baseline/joint_command` (sensor_msgs/JointState: position = the smooth
 reference, velocity = its rate, effort = PD torque; header.stamp = the joint_states stamp it
-answers) at `rate_hz`, and `/diagnostics`. Parameter `mode` (hold | home | track) may be set at
-run time. It publishes nothing while joint_states are stale: a command that answers an old
+answers) at `rate_hz`, and `/diagnostics`. The n-th command is its trajectory n periods after
+the first (baseline.StepClock), so timer jitter never reaches the command's rates. Parameter
+`mode` (hold | home | track) may be set at run time. It publishes nothing while joint_states are stale: a command that answers an old
 observation would only be rejected by the safety filter.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -27,7 +30,15 @@ from sim2real_ros.ros.diagnostics import OK, WARN, DiagnosticsPublisher, make_st
 from sim2real_ros.ros.node_main import spin_node
 from sim2real_ros.ros.params import ParamSpec, declare_params
 from sim2real_ros.ros.qos import COMMAND_QOS, STATE_QOS
-from sim2real_ros.safety.baseline import HOLD, HOME, MODES, TRACK, BaselineConfig
+from sim2real_ros.safety.baseline import (
+    HOLD,
+    HOME,
+    MODES,
+    TRACK,
+    BaselineConfig,
+    StepClock,
+    TargetSolution,
+)
 from sim2real_ros.safety.baseline import BaselineController as BaselineCore
 from sim2real_ros.safety.envelope import load_envelope
 
@@ -86,6 +97,8 @@ class BaselineController(Node):
             raise ConfigError(f"ROS parameters of /{self.get_name()}", "home_rad/gains",
                               list(p["home_rad"]), why)
         self.core = BaselineCore(arm, envelope, cfg)
+        # The reference advances one period per command, not with the timer's jitter.
+        self.clock = StepClock(1.0 / p["rate_hz"])
         self.internal = list(arm.joint_names)
         self.joints = joints
         self._out = [self.internal.index(j) for j in joints]
@@ -96,6 +109,18 @@ class BaselineController(Node):
         self._target_note = "no target yet"
         self._published = 0
         self._pending_mode: str | None = p["mode"]
+        # Targets are solved (IK, 10-40 ms; more on a loaded host) on a worker thread, so the
+        # command stream never pauses for them; the control timer applies the newest solution.
+        self._lock = threading.Lock()
+        self._wanted: list[float] | None = None
+        self._solved: TargetSolution | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.solve_ms_max = 0.0
+        self.targets_solved = 0
+        self._stale_since: float | None = None
+        self._solver = threading.Thread(target=self._solve_loop, name="baseline_ik", daemon=True)
+        self._solver.start()
         self.pub = self.create_publisher(JointState, "baseline/joint_command", COMMAND_QOS)
         self.diag = DiagnosticsPublisher(self)
         self.create_subscription(JointState, "joint_states", self._on_joint_state, STATE_QOS)
@@ -138,20 +163,68 @@ class BaselineController(Node):
         if self.core.mode != TRACK and self._pending_mode != TRACK:
             self._target_note = f"target ignored in mode {self.core.mode}"
             return
-        ok, note = self.core.set_target([msg.point.x, msg.point.y, msg.point.z], self._now_s())
+        with self._lock:
+            self._wanted = [msg.point.x, msg.point.y, msg.point.z]
+        self._wake.set()
+
+    def _solve_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._wake.wait(0.2):
+                continue
+            self._wake.clear()
+            with self._lock:
+                xyz, self._wanted = self._wanted, None
+            if xyz is None:
+                continue
+            t0 = time.perf_counter()
+            solved = self.core.solve_target(xyz)  # reads the core only
+            ms = (time.perf_counter() - t0) * 1e3
+            with self._lock:
+                self._solved = solved  # the newest target wins
+                if solved.goal_rad is not None:
+                    self.targets_solved += 1
+                    self.solve_ms_max = max(self.solve_ms_max, ms)
+
+    def _apply_solution(self, t: float) -> None:
+        with self._lock:
+            solved, self._solved = self._solved, None
+        if solved is None:
+            return
+        ok, note = self.core.apply_target(solved, t)
         self._target_note = note
         if not ok:
             self.get_logger().warning(f"task/target refused: {note}", throttle_duration_sec=2.0)
+
+    def destroy_node(self) -> None:
+        """Stop the target solver, then the node."""
+        self._stop.set()
+        self._wake.set()
+        self._solver.join(timeout=2.0)
+        super().destroy_node()
 
     def _on_timer(self) -> None:
         now = self._now_s()
         if self._q is None or self._arrival_s is None:
             return
-        if now - self._arrival_s > self.p["state_timeout_s"]:
+        age = now - self._arrival_s
+        if age > self.p["state_timeout_s"]:
+            if self._stale_since is None:
+                self._stale_since = now
+                self.get_logger().warning(
+                    f"joint_states {age:.3f} s old > state_timeout_s "
+                    f"{self.p['state_timeout_s']} s: not publishing baseline/joint_command")
             return
-        out = self.core.step(now, self._q, self._qd)
+        if self._stale_since is not None:
+            self.get_logger().warning(f"joint_states fresh again after "
+                                      f"{now - self._stale_since:.3f} s: publishing")
+            self._stale_since = None
+        t = self.clock.tick(now)
+        if t is None:
+            return
+        self._apply_solution(t)
+        out = self.core.step(t, self._q, self._qd)
         if self._pending_mode is not None:
-            self._apply_mode(now)
+            self._apply_mode(t)
         idx = self._out
         msg = arrays_to_joint_state(
             self.joints, self._stamp, np.asarray(out.position)[idx],
@@ -171,6 +244,10 @@ class BaselineController(Node):
             "goal_rad": [] if goal is None else [round(float(g), 4) for g in goal],
             "trajectory_active": self.core.traj is not None,
             "published": self._published,
+            "ticks_dropped_early": self.clock.dropped,
+            "reference_resyncs": self.clock.resyncs,
+            "targets_solved": self.targets_solved,
+            "target_solve_ms_max": round(self.solve_ms_max, 2),
         }
         self.diag.publish([make_status(f"{NODE_NAME}: baseline", level, msg, values)])
 
