@@ -103,6 +103,20 @@ def test_the_experiments_safety_timing_is_declared_and_in_range() -> None:
     assert safety_timing(0.0) == {}
 
 
+def test_the_experiments_baseline_timing_is_declared_and_in_range() -> None:
+    """The baseline's joint_states timeout grows with the filter's on a loaded host, and the
+    override is a declared, in-range baseline parameter; 0 keeps the shipped value."""
+    from sim2real_ros.proxy.cell import baseline_timing
+    from sim2real_ros.safety.baseline_node import PARAMS
+
+    specs = {p.name: p for p in PARAMS}
+    overrides = baseline_timing(0.1)
+    assert overrides == {"state_timeout_s": 0.2}
+    for key, value in overrides.items():
+        assert specs[key].check(value) is None, (key, value)
+    assert baseline_timing(0.0) == {}
+
+
 def test_the_limited_stage_refuses_a_policy_whose_interface_it_would_clip() -> None:
     """The shipped interface runs at 0.8 of the envelope, the limited stage at 0.5 of it:
     step 4 must say so up front instead of collecting a stage the monitor drops at once."""

@@ -170,6 +170,17 @@ def safety_timing(timeout_s: float) -> dict[str, float]:
             "max_baseline_age_s": 3 * timeout_s, "late_command_grace_periods": 2.5}
 
 
+def baseline_timing(timeout_s: float) -> dict[str, float]:
+    """Baseline-controller override for a loaded host: its joint_states timeout.
+
+    The shipped 50 ms stops the baseline whenever its joint_states queue lags that long, which
+    on 2 shared cores happened for 60-70 ms at a time ("joint_states 0.068 s old" in the
+    baseline log, observed in transfer runs), and each stop showed up at the filter as a
+    silent baseline. Scaled like the filter's stream timeouts; 0 = the shipped value.
+    """
+    return {} if timeout_s <= 0 else {"state_timeout_s": max(0.05, 2 * timeout_s)}
+
+
 def real_backend_graph(
     registry_root: Path, policy_version: int, rollout_stage: str, log_dir: Path,
     leave_out: tuple[str, ...] = ("task_sequencer",), safety_timeout_s: float = 0.0,
@@ -187,6 +198,8 @@ def real_backend_graph(
     extra = safety_timing(safety_timeout_s)
     if extra:
         graph = graph.with_parameters("safety_filter", **extra)
+        graph = graph.with_parameters("baseline_controller",
+                                      **baseline_timing(safety_timeout_s))
     return run_graph(graph, log_dir, registry_root)
 
 
@@ -214,6 +227,8 @@ def sysid_support_graph(unit_id: str, log_dir: Path, safety_timeout_s: float = 0
         if d["name"] == "safety_filter":
             overrides["rollout_stage"] = START_STAGE
             overrides.update(safety_timing(safety_timeout_s))
+        if d["name"] == "baseline_controller":
+            overrides.update(baseline_timing(safety_timeout_s))
         specs.append(NodeSpec(
             name=d["name"], executable=d["executable"], module=d["module"],
             parameter_files=files, parameters=tuple(overrides.items()),
