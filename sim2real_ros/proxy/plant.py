@@ -93,6 +93,14 @@ class ProxyPlant:
         # The drive is tuned on the nominal arm, as a vendor tunes it: the unit's extra mass and
         # payload then show up as tracking and holding-torque differences, as on a real arm.
         self.kp, self.kd, self.ki = self._servo_gains()
+        # MuJoCo's implicit integrators apply the drive's velocity term at the step's end
+        # velocity: the torque that moves the joint is actuator_force - dt·kv·q̈ (q̈ the step's
+        # realized acceleration). actuator_force alone over-reports by dt·kv·q̈, an apparent
+        # rotor inertia of dt·kv (0.1-0.7 kg·m² on the shipped unit's big joints), which the
+        # effort regression read as armature. The drives report the applied torque.
+        implicit = self.unit.integrator in ("implicitfast", "implicit")
+        self._implicit_kv = self.kd.copy() if implicit else np.zeros(self.n)
+        self._qacc = np.zeros(self.n)
         self.model = self._build_model(self.unit, with_drives=True)
         self.data = mujoco.MjData(self.model)
         self._qadr = np.array(
@@ -232,6 +240,7 @@ class ProxyPlant:
         self.data.qpos[self._qadr] = q
         mujoco.mj_forward(self.model, self.data)
         self._queue.clear()
+        self._qacc = np.zeros(self.n)
         self._last_apply_s = 0.0
         self._command = q.copy()
         self._target = q.copy()
@@ -288,7 +297,11 @@ class ProxyPlant:
             if self._queue:
                 due = int(math.ceil((self._queue[0][0] - self.time_s) / self.physics_dt_s - 0.5))
                 chunk = min(left, max(due, 1))
-            mujoco.mj_step(self.model, self.data, chunk)
+            if chunk > 1:
+                mujoco.mj_step(self.model, self.data, chunk - 1)
+            v0 = self.data.qvel[self._dadr].copy()
+            mujoco.mj_step(self.model, self.data, 1)
+            self._qacc = (self.data.qvel[self._dadr] - v0) / self.physics_dt_s
             self.steps += chunk
             left -= chunk
 
@@ -312,13 +325,25 @@ class ProxyPlant:
         tq = self.data.sensordata[self._torque_adr : self._torque_adr + 3]
         return -np.concatenate([f, tq])
 
+    def applied_torque(self) -> np.ndarray:
+        """The drives' torque over the last physics step, N·m (what their current sensing reads).
+
+        actuator_force less the implicit velocity term dt·kv·q̈ (see __init__); a drive at its
+        force limit applies the limit.
+        """
+        force = self.data.actuator_force.copy()
+        limit = self.unit.torque_limit_nm
+        free = np.abs(force) < limit * (1.0 - 1e-9)
+        corrected = force - self.physics_dt_s * self._implicit_kv * self._qacc
+        return np.where(free, np.clip(corrected, -limit, limit), force)
+
     def truth(self) -> ProxyTruth:
         """Return the true state (tests and post-run reports only; never on a topic)."""
         return ProxyTruth(
             self.time_s,
             self.data.qpos[self._qadr].copy(),
             self.data.qvel[self._dadr].copy(),
-            self.data.actuator_force.copy(),
+            self.applied_torque(),
             self._true_wrench(),
             self._target.copy(),
         )
@@ -336,7 +361,7 @@ class ProxyPlant:
             wrench = wrench + self._rng.normal(0.0, 1.0, 6) * u.ft_noise_std
         return ProxyMeasurement(
             self.time_s, q, self.data.qvel[self._dadr].copy(),
-            self.data.actuator_force.copy(), wrench,
+            self.applied_torque(), wrench,
         )
 
     def pending_commands(self) -> int:
