@@ -245,3 +245,32 @@ def test_solving_a_target_changes_nothing_and_a_republished_one_is_not_solved_ag
     assert ctrl.mode == TRACK
     with pytest.raises(ValueError, match="same_target_m"):
         BaselineController(ARM, ENV, BaselineConfig(same_target_m=float("nan")))
+
+
+def test_vectorized_sampling_matches_the_scalar_sample_and_bounds_the_tool_speed() -> None:
+    # The duration search samples each candidate in one pass (sample_many): it must be the
+    # scalar `sample` exactly, ends included, or the plan's limits would not be what it checks.
+    ctrl = BaselineController(ARM, ENV)
+    rng = np.random.default_rng(3)
+    for k in range(40):
+        p0, p1 = rng.uniform(ctrl.lower, ctrl.upper), rng.uniform(ctrl.lower, ctrl.upper)
+        v0, a0 = rng.normal(0, 0.3, 6) * (k % 2), rng.normal(0, 0.5, 6) * (k % 2)
+        q = plan_quintic(p0, v0, a0, p1, ctrl.vmax, ctrl.amax, ctrl.jmax, ctrl.kin,
+                         ctrl.max_tool_speed_m_s)
+        ts = np.concatenate([[-0.1], np.linspace(0.0, q.duration_s, 97), [q.duration_s + 0.1]])
+        many = q.sample_many(ts)
+        for i, t in enumerate(ts):
+            for x, y in zip(q.sample(float(t)), many):
+                np.testing.assert_array_equal(x, y[i])
+        scalar = [np.max([np.abs(q.sample(float(t))[d]) for t in np.linspace(0, q.duration_s,
+                                                                            64)], axis=0)
+                  for d in (1, 2, 3)]
+        for x, y in zip(q.peaks(), scalar):
+            np.testing.assert_array_equal(x, y)
+        if k % 2:
+            continue  # a moving start may already exceed the tool-speed bound at t = 0
+        levers = [0.0] * 6
+        pos, vel, _, _ = q.sample_many(np.linspace(0.0, q.duration_s, 24))
+        for pq, vq in zip(pos.tolist(), np.abs(vel)):
+            ctrl.kin.tool_position_and_levers(pq, levers)
+            assert float(np.dot(levers, vq)) <= ctrl.max_tool_speed_m_s * (1 + 1e-9)

@@ -187,6 +187,35 @@ def test_baseline_motion_passes_the_filter_without_interventions(ros_context: An
         sf.sup.interventions - before, ticks, kinds, sf._ticks.superseded, sf._ticks.late_ticks)
 
 
+def test_baseline_times_its_target_solve_and_plan_and_reports_both(ros_context: Any) -> None:
+    # The IK runs on a worker thread, the move's planning on the control thread; both are
+    # timed, the longest of each goes to /diagnostics (the plan's warns past 2 periods).
+    import numpy as np
+
+    sf, bl, cell, ex = _graph(ros_context)
+    assert spin_until(ex, lambda: len(cell.commands) > 20, 15.0)
+    assert bl.targets_solved == 0 and bl.apply_ms_max == 0.0
+    goal = np.array(HOME) + np.array([0.3, -0.2, -0.3, 0.2, 0.2, 0.0])
+    msg = PointStamped()
+    msg.header.stamp = cell.get_clock().now().to_msg()
+    msg.point.x, msg.point.y, msg.point.z = (float(v) for v in ARM.tool_position(goal))
+    cell.target_pub.publish(msg)
+    assert spin_until(ex, lambda: bl.core.goal is not None and bl.apply_ms_max > 0.0, 10.0)
+    assert bl.targets_solved == 1 and bl.solve_ms_max > 0.0
+    got: list[Any] = []
+    sub = cell.create_subscription(DiagnosticArray, "/diagnostics", got.append, 10)
+    try:
+        assert spin_until(ex, lambda: any(
+            s.name.startswith("baseline_controller") for m in got for s in m.status), 5.0)
+    finally:
+        cell.destroy_subscription(sub)
+    values = {kv.key: kv.value for m in got for s in m.status
+              if s.name.startswith("baseline_controller") for kv in s.values}
+    assert float(values["target_plan_ms_max"]) == pytest.approx(bl.apply_ms_max, abs=0.01)
+    assert float(values["target_solve_ms_max"]) == pytest.approx(bl.solve_ms_max, abs=0.01)
+    assert values["targets_solved"] == "1"
+
+
 def test_rollout_stage_is_validated_and_applied_at_run_time(ros_context: Any) -> None:
     sf, bl, cell, ex = _graph(ros_context)
     spin_until(ex, lambda: len(cell.commands) > 5, 10.0)

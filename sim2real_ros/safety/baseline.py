@@ -107,16 +107,26 @@ class Quintic:
             return self.p1.copy(), np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
         return p, v, a, j
 
+    def sample_many(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """`sample` at each of the times ts, in one pass: (len(ts), n) arrays."""
+        ts = np.asarray(ts, dtype=float)
+        t = np.clip(ts, 0.0, self.duration_s)[:, None]
+        c = self.c
+        p = c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * (c[4] + t * c[5]))))
+        v = c[1] + t * (2 * c[2] + t * (3 * c[3] + t * (4 * c[4] + t * 5 * c[5])))
+        a = 2 * c[2] + t * (6 * c[3] + t * (12 * c[4] + t * 20 * c[5]))
+        j = 6 * c[3] + t * (24 * c[4] + t * 60 * c[5])
+        end = ts >= self.duration_s
+        if np.any(end):
+            p[end] = self.p1
+            v[end] = a[end] = j[end] = 0.0
+        return p, v, a, j
+
     def peaks(self, samples: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Return the largest |velocity|, |acceleration|, |jerk| per joint along the trajectory."""
-        ts = np.linspace(0.0, self.duration_s, samples)
-        vs, as_, js = [], [], []
-        for t in ts:
-            _, v, a, j = self.sample(t)
-            vs.append(np.abs(v))
-            as_.append(np.abs(a))
-            js.append(np.abs(j))
-        return np.max(vs, axis=0), np.max(as_, axis=0), np.max(js, axis=0)
+        _, v, a, j = self.sample_many(np.linspace(0.0, self.duration_s, samples))
+        return np.abs(v).max(axis=0), np.abs(a).max(axis=0), np.abs(j).max(axis=0)
 
 
 def plan_quintic(p0: np.ndarray, v0: np.ndarray, a0: np.ndarray, p1: np.ndarray,
@@ -142,10 +152,10 @@ def plan_quintic(p0: np.ndarray, v0: np.ndarray, a0: np.ndarray, p1: np.ndarray,
         pv, pa, pj = q.peaks()
         ok = bool(np.all(pv <= vmax) and np.all(pa <= amax) and np.all(pj <= jmax))
         if ok and kin is not None and math.isfinite(max_tool_speed_m_s):
-            for ts in np.linspace(0.0, t, 24):
-                pos, vel, _, _ = q.sample(float(ts))
-                kin.tool_position_and_levers(pos.tolist(), levers)
-                if float(np.dot(levers, np.abs(vel))) > max_tool_speed_m_s:
+            pos_all, vel_all, _, _ = q.sample_many(np.linspace(0.0, t, 24))
+            for pos, vel in zip(pos_all.tolist(), np.abs(vel_all).tolist()):
+                kin.tool_position_and_levers(pos, levers)
+                if sum(lk * w for lk, w in zip(levers, vel)) > max_tool_speed_m_s:
                     ok = False
                     break
         if ok:

@@ -117,6 +117,7 @@ class BaselineController(Node):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.solve_ms_max = 0.0
+        self.apply_ms_max = 0.0  # planning the move, on the control thread
         self.targets_solved = 0
         self._stale_since: float | None = None
         self._solver = threading.Thread(target=self._solve_loop, name="baseline_ik", daemon=True)
@@ -190,7 +191,15 @@ class BaselineController(Node):
             solved, self._solved = self._solved, None
         if solved is None:
             return
+        t0 = time.perf_counter()
         ok, note = self.core.apply_target(solved, t)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.apply_ms_max = max(self.apply_ms_max, ms)
+        period_ms = 1e3 / self.p["rate_hz"]
+        if ms > 2.0 * period_ms:
+            self.get_logger().warning(
+                f"planning the move to the new target took {ms:.1f} ms (> 2 control periods "
+                f"of {period_ms:.1f} ms): the command stream paused", throttle_duration_sec=2.0)
         self._target_note = note
         if not ok:
             self.get_logger().warning(f"task/target refused: {note}", throttle_duration_sec=2.0)
@@ -248,6 +257,7 @@ class BaselineController(Node):
             "reference_resyncs": self.clock.resyncs,
             "targets_solved": self.targets_solved,
             "target_solve_ms_max": round(self.solve_ms_max, 2),
+            "target_plan_ms_max": round(self.apply_ms_max, 2),
         }
         self.diag.publish([make_status(f"{NODE_NAME}: baseline", level, msg, values)])
 
