@@ -249,7 +249,8 @@ def test_solving_a_target_changes_nothing_and_a_republished_one_is_not_solved_ag
 
 def test_vectorized_sampling_matches_the_scalar_sample_and_bounds_the_tool_speed() -> None:
     # The duration search samples each candidate in one pass (sample_many): it must be the
-    # scalar `sample` exactly, ends included, or the plan's limits would not be what it checks.
+    # scalar `sample` exactly, ends included, or the plan's limits would not be what it checks;
+    # both must be the quintic itself (numpy's own polynomial evaluation, an independent path).
     ctrl = BaselineController(ARM, ENV)
     rng = np.random.default_rng(3)
     for k in range(40):
@@ -262,6 +263,15 @@ def test_vectorized_sampling_matches_the_scalar_sample_and_bounds_the_tool_speed
         for i, t in enumerate(ts):
             for x, y in zip(q.sample(float(t)), many):
                 np.testing.assert_array_equal(x, y[i])
+        inside = ts[(ts >= 0.0) & (ts < q.duration_s)]
+        for d in range(4):
+            ref = np.stack([np.polynomial.polynomial.polyval(
+                inside, np.polynomial.polynomial.polyder(q.c[:, j], d)) for j in range(6)], 1)
+            got = q.sample_many(inside)[d]
+            np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+        np.testing.assert_array_equal(many[0][0], q.c[0])  # before the start: the start
+        np.testing.assert_array_equal(many[0][-1], q.p1)  # after the end: at rest on p1
+        assert not np.any(many[1][-1]) and not np.any(many[2][-1]) and not np.any(many[3][-1])
         scalar = [np.max([np.abs(q.sample(float(t))[d]) for t in np.linspace(0, q.duration_s,
                                                                             64)], axis=0)
                   for d in (1, 2, 3)]

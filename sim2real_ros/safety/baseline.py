@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,16 @@ class BaselineOutput:
     at_goal: bool
 
 
+def _horner(c: np.ndarray, t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Position, velocity, acceleration, jerk of the quintic with coefficients c (6, n) at t:
+    a float (the control tick, kept cheap) or an (S, 1) array of times (the duration search)."""
+    p = c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * (c[4] + t * c[5]))))
+    v = c[1] + t * (2 * c[2] + t * (3 * c[3] + t * (4 * c[4] + t * 5 * c[5])))
+    a = 2 * c[2] + t * (6 * c[3] + t * (12 * c[4] + t * 20 * c[5]))
+    j = 6 * c[3] + t * (24 * c[4] + t * 60 * c[5])
+    return p, v, a, j
+
+
 class Quintic:
     """Per-joint quintic from (p0, v0, a0) to (p1, 0, 0) over a common duration."""
 
@@ -97,26 +108,16 @@ class Quintic:
 
     def sample(self, t_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Return position, velocity, acceleration and jerk at time t (clamped to [0, T])."""
-        t = min(max(t_s, 0.0), self.duration_s)
-        c = self.c
-        p = c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * (c[4] + t * c[5]))))
-        v = c[1] + t * (2 * c[2] + t * (3 * c[3] + t * (4 * c[4] + t * 5 * c[5])))
-        a = 2 * c[2] + t * (6 * c[3] + t * (12 * c[4] + t * 20 * c[5]))
-        j = 6 * c[3] + t * (24 * c[4] + t * 60 * c[5])
         if t_s >= self.duration_s:
-            return self.p1.copy(), np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
-        return p, v, a, j
+            p = self.p1.copy()
+            return p, np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
+        return _horner(self.c, max(t_s, 0.0))
 
     def sample_many(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    np.ndarray]:
         """`sample` at each of the times ts, in one pass: (len(ts), n) arrays."""
         ts = np.asarray(ts, dtype=float)
-        t = np.clip(ts, 0.0, self.duration_s)[:, None]
-        c = self.c
-        p = c[0] + t * (c[1] + t * (c[2] + t * (c[3] + t * (c[4] + t * c[5]))))
-        v = c[1] + t * (2 * c[2] + t * (3 * c[3] + t * (4 * c[4] + t * 5 * c[5])))
-        a = 2 * c[2] + t * (6 * c[3] + t * (12 * c[4] + t * 20 * c[5]))
-        j = 6 * c[3] + t * (24 * c[4] + t * 60 * c[5])
+        p, v, a, j = _horner(self.c, np.clip(ts, 0.0, self.duration_s)[:, None])
         end = ts >= self.duration_s
         if np.any(end):
             p[end] = self.p1
