@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -260,7 +261,8 @@ def test_force_spike_latches_until_reset_service_and_reset_is_refused_while_it_l
 
 def test_monitor_calls_rollback_asynchronously_and_drops_the_stage(ros_context: Any) -> None:
     sf, bl, cell, ex = _graph(ros_context, rollout_stage="full", calm_period_s=0.1,
-                              monitor_window_s=0.3, monitor_max_intervention_rate=0.3)
+                              monitor_window_s=0.3, monitor_max_intervention_rate=0.3,
+                              monitor_max_tracking_error_rad=10.0)
     cell.policy_on = True
     assert spin_until(ex, lambda: cell.status and cell.status[-1]["source"] == "policy", 10.0)
 
@@ -278,6 +280,11 @@ def test_monitor_calls_rollback_asynchronously_and_drops_the_stage(ros_context: 
     assert spin_until(ex, lambda: {("monitor", "rollback"), ("rollback", "done")} <= kinds(),
                       5.0)
     assert cell.rollbacks == 1
+    # The verdict says which limits the rate is made of (a 5 rad/s ask on every joint trips the
+    # tool-speed cap first).
+    fired = [e for e in cell.events if e["kind"] == "monitor"]
+    assert re.search(r"\(by limit: tool_speed \d\.\d{3}", fired[0]["detail"]), fired[0]
+    assert spin_until(ex, lambda: any("intervention_rate_by_limit" in d for d in cell.diag), 5.0)
 
 
 def test_bad_envelope_refuses_to_start_naming_the_file(ros_context: Any, tmp_path: Path) -> None:

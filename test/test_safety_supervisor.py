@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,55 @@ def test_baseline_hold_event_names_the_check_that_failed_and_its_figure() -> Non
     assert len(hold) == 1 and "stale_stamp" in hold[0].detail, hold
     age = float(hold[0].detail.split("stamp ")[1].split(" s")[0])
     assert 0.05 <= age <= 0.07
+
+
+def test_monitor_verdict_says_which_limits_the_intervention_rate_is_made_of() -> None:
+    cfg = MonitorConfig(window_s=1.0, min_fill=0.9, max_intervention_rate=0.5,
+                        max_fallback_rate=1.0, max_tracking_error_rad=10.0)
+    m = Monitor(cfg)
+    verdict = None
+    for k in range(200):
+        # 40 % jerk only, 20 % jerk and workspace together, 40 % clean; limits passed with a
+        # tick that does not count are ignored.
+        phase = k % 10
+        if phase < 4:
+            v = m.update(k * P, True, False, 0.0, False, ("jerk",))
+        elif phase < 6:
+            v = m.update(k * P, True, False, 0.0, False, ("jerk", "workspace"))
+        else:
+            v = m.update(k * P, False, False, 0.0, False, ("position",))
+        if v is not None:
+            verdict = v
+            break
+    assert verdict is not None
+    assert verdict.intervention_rate == pytest.approx(0.6, abs=0.02)
+    assert verdict.intervention_limits["jerk"] == pytest.approx(0.6, abs=0.02)
+    assert verdict.intervention_limits["workspace"] == pytest.approx(0.2, abs=0.02)
+    assert "position" not in verdict.intervention_limits
+    assert re.search(r"\(by limit: jerk 0\.6\d\d, workspace 0\.(19|20)\d\)$",
+                     verdict.reasons[0])
+    # Firing restarts the window: the breakdown too.
+    assert m.limit_rates() == {}
+
+
+def test_supervisor_passes_the_projection_limits_to_the_monitor() -> None:
+    # Tracking error out of the way, so the intervention rate is what fires.
+    mon = MonitorConfig(window_s=0.5, max_intervention_rate=0.3, cooldown_s=10.0,
+                        max_tracking_error_rad=10.0)
+    rig = Rig(stage="full", monitor=mon)
+    _driving(rig)
+    verdicts = []
+    for k in range(200):
+        rig.policy_cmd = [h + 0.02 * k * k * P for h in HOME]
+        verdicts.append(rig.step().rollback)
+    fired = [v for v in verdicts if v is not None]
+    assert len(fired) == 1
+    limits = fired[0].intervention_limits
+    assert limits and set(limits) <= {"position", "velocity", "acceleration", "jerk",
+                                      "braking", "workspace", "tool_speed"}
+    # Every counted tick names at least one limit, and no limit is in more ticks than counted.
+    rate = fired[0].intervention_rate
+    assert rate > 0.3
+    assert sum(limits.values()) >= rate - 1e-9
+    assert all(0.0 < r <= rate + 1e-9 for r in limits.values())
+    assert "by limit:" in rig.events(ev.MONITOR)[-1].detail

@@ -49,6 +49,9 @@ class GraphCounters:
     source_time_s: dict[str, float] = field(default_factory=dict)
     estops: int = 0  # times the status reported a newly latched e-stop
     stage_changes: list[str] = field(default_factory=list)  # e.g. "full->limited" (monitor)
+    # the rollback monitor's reasons, as its `monitor` events carry them (with the limits an
+    # intervention rate is made of)
+    monitor_reasons: list[str] = field(default_factory=list)
     policy_commands: int = 0
     arm_commands: int = 0
     hardware_id: str = ""  # the arm driver's hardware_id on /diagnostics (the unit's serial)
@@ -185,9 +188,13 @@ def _make_driver_class() -> type:
                 kind = str(event.get("kind", "unknown"))
                 # kind/limit: which check fired (the detail carries the measured values)
                 detail = f"{kind}/{event.get('limit', '')}"
+                reason = str(event.get("detail", "")) if kind == "monitor" else ""
             except (ValueError, AttributeError):
                 kind = detail = "unparsable"
+                reason = ""
             c = self.counters
+            if reason:
+                c.monitor_reasons.append(reason)
             c.event_kinds[kind] = c.event_kinds.get(kind, 0) + 1
             c.event_details[detail] = c.event_details.get(detail, 0) + 1
 

@@ -460,6 +460,8 @@ def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path, spec: Path
     hil = write_hil_record(out.with_name(f"hil_record_{label}.json"), record)
     ctx.progress.say(f"proxy success {label}: {summary.success_rate:.2f}, interventions "
                      f"{ev.counters.interventions}, fallbacks {ev.counters.fallbacks}")
+    for reason in ev.counters.monitor_reasons:
+        ctx.progress.say(f"  rollback monitor fired: {reason}")
     audit = _audit(ctx, stage_dir, label, hil, spec, calibrations, bags, unit_id)
     data = {"label": label, "registry_version": version, "summary": summary.to_dict(),
             "counters": ev.counters.to_dict(), "wall_s": ev.wall_s, "warmup_s": ev.warmup_s,

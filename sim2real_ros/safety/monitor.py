@@ -9,8 +9,8 @@ alarm. After firing the window restarts and a cooldown keeps one drift from firi
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class Verdict:
     fallback_rate: float
     tracking_error_rad: float
     force_events: int
+    # Per limit (position, velocity, acceleration, jerk, braking, workspace, tool_speed...):
+    # the fraction of the window's ticks counted as interventions on which that limit acted. A
+    # tick can name several limits, so these can sum past intervention_rate.
+    intervention_limits: dict[str, float] = field(default_factory=dict)
 
 
 class Monitor:
@@ -69,8 +73,9 @@ class Monitor:
         why = self.config.check()
         if why:
             raise ValueError(why)
-        self._samples: deque[tuple[float, bool, bool, float, bool]] = deque()
+        self._samples: deque[tuple[float, bool, bool, float, bool, tuple[str, ...]]] = deque()
         self._n_interv = 0
+        self._n_limit: Counter[str] = Counter()
         self._n_fallback = 0
         self._err_sum = 0.0
         self._n_force = 0
@@ -81,6 +86,7 @@ class Monitor:
     def reset(self) -> None:
         """Forget the window (stage change, e-stop reset, after firing)."""
         self._samples.clear()
+        self._n_limit.clear()
         self._n_interv = self._n_fallback = self._n_force = 0
         self._err_sum = 0.0
 
@@ -95,14 +101,26 @@ class Monitor:
             "window_samples": float(n),
         }
 
+    def limit_rates(self) -> dict[str, float]:
+        """Per limit, the fraction of the window's ticks it made count as an intervention."""
+        n = len(self._samples)
+        return {k: c / n for k, c in sorted(self._n_limit.items(), key=lambda kv: -kv[1])
+                if c > 0} if n else {}
+
     def update(self, now_s: float, intervened: bool, fallback: bool, tracking_error_rad: float,
-               force_above_warning: bool) -> Verdict | None:
-        """Add one tick; return a Verdict if the window crosses a threshold."""
+               force_above_warning: bool, limits: tuple[str, ...] = ()) -> Verdict | None:
+        """Add one tick; return a Verdict if the window crosses a threshold.
+
+        `limits` names the limits that acted on a counted intervention (ignored when
+        `intervened` is False), so a verdict says what the rate is made of.
+        """
         cfg = self.config
         force_event = force_above_warning and not self._force_above
         self._force_above = force_above_warning
         err = tracking_error_rad if tracking_error_rad == tracking_error_rad else 0.0
-        self._samples.append((now_s, intervened, fallback, err, force_event))
+        limits = tuple(limits) if intervened else ()
+        self._samples.append((now_s, intervened, fallback, err, force_event, limits))
+        self._n_limit.update(limits)
         self._n_interv += intervened
         self._n_fallback += fallback
         self._err_sum += err
@@ -110,7 +128,8 @@ class Monitor:
         horizon = now_s - cfg.window_s
         samples = self._samples
         while samples and samples[0][0] <= horizon:
-            _, i, f, e, fe = samples.popleft()
+            _, i, f, e, fe, lim = samples.popleft()
+            self._n_limit.subtract(lim)
             self._n_interv -= i
             self._n_fallback -= f
             self._err_sum -= e
@@ -121,10 +140,13 @@ class Monitor:
         if covered < cfg.min_fill * cfg.window_s:
             return None
         fig = self.figures()
+        by_limit = self.limit_rates()
         reasons = []
         if fig["intervention_rate"] > cfg.max_intervention_rate:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in by_limit.items())
             reasons.append(f"intervention rate {fig['intervention_rate']:.3f} > "
-                           f"{cfg.max_intervention_rate}")
+                           f"{cfg.max_intervention_rate}" + (f" (by limit: {parts})"
+                                                             if parts else ""))
         if fig["fallback_rate"] > cfg.max_fallback_rate:
             reasons.append(f"fallback rate {fig['fallback_rate']:.3f} > {cfg.max_fallback_rate}")
         if fig["tracking_error_rad"] > cfg.max_tracking_error_rad:
@@ -135,7 +157,7 @@ class Monitor:
         if not reasons:
             return None
         verdict = Verdict(tuple(reasons), fig["intervention_rate"], fig["fallback_rate"],
-                          fig["tracking_error_rad"], self._n_force)
+                          fig["tracking_error_rad"], self._n_force, by_limit)
         self.fired += 1
         self._cooldown_until = now_s + cfg.cooldown_s
         self.reset()

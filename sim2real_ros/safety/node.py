@@ -497,6 +497,9 @@ class SafetyFilter(Node):
             "interventions": sup.interventions,
             "events_total": self.counter.total,
             "intervention_rate": mon["intervention_rate"],
+            # what the windowed rate is made of, e.g. "jerk 0.310, workspace 0.050"
+            "intervention_rate_by_limit": ", ".join(
+                f"{k} {v:.3f}" for k, v in sup.monitor.limit_rates().items()),
             "fallback_rate": mon["fallback_rate"],
             "tracking_error_rad": mon["tracking_error_rad"],
             "force_events": int(mon["force_events"]),

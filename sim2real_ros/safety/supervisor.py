@@ -552,8 +552,10 @@ class Supervisor:
             counted = (intervened and source == SOURCE_POLICY
                        and res.deviation > cfg.monitor.min_intervention_rad
                        and now_s >= self._handover_until)
+            limits = (tuple(sorted({e.limit for e in res.events if e.kind == ev.INTERVENTION}))
+                      if counted else ())
             verdict = self.monitor.update(now_s, counted, source != SOURCE_POLICY, err,
-                                          self.force_above_warning)
+                                          self.force_above_warning, limits)
             if verdict is not None:
                 self._pending.append(SafetyEvent(ev.MONITOR, "rollback", "", 0.0,
                                                  "; ".join(verdict.reasons), now_s))
