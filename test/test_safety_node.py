@@ -287,6 +287,12 @@ def test_monitor_calls_rollback_asynchronously_and_drops_the_stage(ros_context: 
     assert spin_until(ex, lambda: any("intervention_rate_by_limit" in d for d in cell.diag), 5.0)
 
 
+def test_unknown_monitor_ignored_limit_refuses_to_start(ros_context: Any) -> None:
+    with pytest.raises(ConfigError, match=r"monitor_ignored_limits.*jerks"):
+        SafetyFilter(context=ros_context, parameter_overrides=[
+            Parameter("monitor_ignored_limits", value=["acceleration", "jerks"])])
+
+
 def test_bad_envelope_refuses_to_start_naming_the_file(ros_context: Any, tmp_path: Path) -> None:
     data = derive_envelope_dict(ARM)
     data["joints"]["elbow_joint"]["velocity_rad_s"] = 99.0

@@ -423,7 +423,7 @@ def test_baseline_hold_event_names_the_check_that_failed_and_its_figure() -> Non
 
 def test_monitor_verdict_says_which_limits_the_intervention_rate_is_made_of() -> None:
     cfg = MonitorConfig(window_s=1.0, min_fill=0.9, max_intervention_rate=0.5,
-                        max_fallback_rate=1.0, max_tracking_error_rad=10.0)
+                        max_fallback_rate=1.0, max_tracking_error_rad=10.0, ignored_limits=())
     m = Monitor(cfg)
     verdict = None
     for k in range(200):
@@ -448,6 +448,52 @@ def test_monitor_verdict_says_which_limits_the_intervention_rate_is_made_of() ->
                      verdict.reasons[0])
     # Firing restarts the window: the breakdown too.
     assert m.limit_rates() == {}
+
+
+def test_monitor_does_not_count_smoothing_trims_by_default_but_reports_them() -> None:
+    cfg = MonitorConfig(window_s=1.0, min_fill=0.9, max_intervention_rate=0.5,
+                        max_fallback_rate=1.0, max_tracking_error_rad=10.0)
+    assert cfg.ignored_limits == ("acceleration", "jerk")
+    m = Monitor(cfg)
+    fired = []
+    for k in range(400):
+        # 90 % of ticks trimmed for jerk/acceleration only, 30 % of them also tool speed:
+        # the counted rate is 0.3, below 0.5 (counting every limit it would be 0.9).
+        phase = k % 10
+        if phase < 3:
+            lim: tuple[str, ...] = ("acceleration", "jerk", "tool_speed")
+        elif phase < 9:
+            lim = ("jerk",)
+        else:
+            lim = ()
+        v = m.update(k * P, bool(lim), False, 0.0, False, lim)
+        if v is not None:
+            fired.append(v)
+    assert fired == []
+    assert m.figures()["intervention_rate"] == pytest.approx(0.3, abs=0.02)
+    assert m.limit_rates()["jerk"] == pytest.approx(0.9, abs=0.02)
+    # A tick with no limit named still counts (fail closed), and past the threshold the
+    # reason marks the ignored limits.
+    for k in range(400, 700):
+        lim = ("jerk", "workspace") if k % 10 < 6 else ()
+        v = m.update(k * P, bool(lim), False, 0.0, False, lim)
+        if v is not None:
+            fired.append(v)
+            break
+    assert len(fired) == 1
+    assert "workspace 0." in fired[0].reasons[0] and "jerk 0." in fired[0].reasons[0]
+    assert re.search(r"jerk 0\.\d{3} \(not counted\)", fired[0].reasons[0])
+    m2 = Monitor(cfg)
+    for k in range(200):
+        v = m2.update(k * P, True, False, 0.0, False, ())
+        if v is not None:
+            break
+    assert v is not None and v.intervention_rate > 0.5
+
+
+def test_monitor_refuses_unknown_ignored_limits() -> None:
+    with pytest.raises(ValueError, match=r"ignored_limits \['jerks'\]"):
+        Monitor(MonitorConfig(ignored_limits=("jerks",)))
 
 
 def test_supervisor_passes_the_projection_limits_to_the_monitor() -> None:

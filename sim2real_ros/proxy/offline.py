@@ -197,3 +197,40 @@ def teacher_runner(task: dict[str, Any] | None = None, gains: Any = None,
             return PolicyStep(self.cmd.copy(), action, 0.0, 0.0, np.zeros(0))
 
     return TeacherRunner()
+
+
+def record_excitation(plant: Any, exc: Any, obs_rate_hz: float = 125.0, settle_s: float = 2.0,
+                      command_rate_hz: float = 100.0, name: str = "run") -> Any:
+    """Run one excitation on the proxy plant as the sysid recorder does; return its recording.
+
+    Hold `exc`'s first pose for `settle_s`, play the excitation at `command_rate_hz` (each
+    command goes through the unit's bus latency and jitter), hold its last pose for `settle_s`;
+    joint states (the unit's encoder errors included) at `obs_rate_hz`. Returns a
+    `sysid.runs.RunData`, the form `sim2real sysid fit` reads from a bag. For identification
+    studies offline (bench/study_excitation_recovery.py); the experiment records on the graph.
+    """
+    from sim2real_ros.sysid.runs import RunData
+
+    if not (obs_rate_hz > 0 and command_rate_hz > 0 and settle_s >= 0):
+        raise ValueError(f"obs_rate_hz = {obs_rate_hz}, command_rate_hz = {command_rate_hz} "
+                         f"(expected > 0), settle_s = {settle_s} (expected >= 0)")
+    plant.reset(exc.q[0])
+    total = settle_s + exc.duration_s + settle_s
+    cmd_t = np.arange(0.0, total, 1.0 / command_rate_hz)
+    cmds = np.array([exc.at(t - settle_s) for t in cmd_t])
+    obs_t = np.arange(0.0, total, 1.0 / obs_rate_hz)
+    # Commands before samples at the same instant, as the recorder's tick precedes the read.
+    events = sorted([(t, 0, i) for i, t in enumerate(cmd_t)]
+                    + [(t, 1, i) for i, t in enumerate(obs_t)])
+    q, qd, tau = [], [], []
+    for t, kind, i in events:
+        plant.advance_to(t)
+        if kind == 0:
+            plant.command_position(cmds[i], issued_at_s=t)
+        else:
+            m = plant.measure()
+            q.append(m.q)
+            qd.append(m.qd)
+            tau.append(m.tau_nm)
+    return RunData(name=name, joint_names=list(plant.joint_names), t_s=obs_t, q=np.array(q),
+                   qd=np.array(qd), tau=np.array(tau), cmd_t_s=cmd_t, cmd=cmds)

@@ -45,7 +45,7 @@ from sim2real_ros.ros.qos import COMMAND_QOS, EVENT_QOS, LATCHED_QOS, STATE_QOS
 from sim2real_ros.safety import events as ev
 from sim2real_ros.safety.envelope import load_envelope
 from sim2real_ros.safety.events import EventCounter, SafetyEvent
-from sim2real_ros.safety.monitor import MonitorConfig
+from sim2real_ros.safety.monitor import INTERVENTION_LIMITS, SMOOTHING_LIMITS, MonitorConfig
 from sim2real_ros.safety.projection import EFFORT, MODES, POSITION, VELOCITY
 from sim2real_ros.safety.supervisor import (
     SOURCE_HOLD,
@@ -176,6 +176,9 @@ PARAMS = [
               high=100000, read_only=RO),
     ParamSpec("monitor_cooldown_s", 5.0, "No second rollback within this time (s).", low=0.0,
               high=3600.0, read_only=RO),
+    ParamSpec("monitor_ignored_limits", list(SMOOTHING_LIMITS),
+              "Limits whose interventions the monitor's rate does not count (still reported); "
+              "[''] counts every limit.", read_only=RO),
     ParamSpec("rollback_service", "policy_node/rollback",
               "std_srvs/Trigger service called when the monitor fires.", read_only=RO),
     ParamSpec("rollback_retries", 5, "Calls after the first one if it fails or is unavailable.",
@@ -217,7 +220,8 @@ class SafetyFilter(Node):
             max_fallback_rate=p["monitor_max_fallback_rate"],
             min_intervention_rad=p["monitor_min_intervention_rad"],
             max_tracking_error_rad=p["monitor_max_tracking_error_rad"],
-            max_force_events=p["monitor_max_force_events"], cooldown_s=p["monitor_cooldown_s"])
+            max_force_events=p["monitor_max_force_events"], cooldown_s=p["monitor_cooldown_s"],
+            ignored_limits=self._ignored_limits(p["monitor_ignored_limits"]))
         cfg = SupervisorConfig(
             period_s=period, mode=p["command_interface"],
             command_timeout_s=p["command_timeout_s"], max_command_age_s=p["max_command_age_s"],
@@ -415,6 +419,16 @@ class SafetyFilter(Node):
                 self.get_logger().warning(
                     f"{e.kind} {e.limit} {e.joint} {e.detail} "
                     f"(envelope {self.envelope.sha256[:12]})")
+
+    def _ignored_limits(self, names: list[str]) -> tuple[str, ...]:
+        """The monitor's ignored limits from the parameter ([''] = none); unknown ones refused."""
+        ignored = tuple(n for n in names if n)
+        unknown = [n for n in ignored if n not in INTERVENTION_LIMITS]
+        if unknown:
+            raise ConfigError(f"ROS parameters of /{self.get_name()}", "monitor_ignored_limits",
+                              unknown, f"limits the projection names: {list(INTERVENTION_LIMITS)}"
+                              " (or [''] for none)")
+        return ignored
 
     def _publish_status(self) -> None:
         st = self.sup.status()

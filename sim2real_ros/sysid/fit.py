@@ -490,11 +490,22 @@ class WarmStart:
     rows: int
 
 
+# The effort regression's low-pass: a cubic Savitzky-Golay window of at least this long and at
+# least this many samples. The drive's torque under a 100 Hz command staircase is sampled at the
+# joint-state rate; at 125 Hz the staircase aliases to 25 Hz, which the former 40 ms window (5
+# samples there) passed: the regression then read armature at its bound and damping off by up to
+# 3x (bench/study_excitation_recovery.py). 15 samples put the alias in the stop band at 125 Hz;
+# 80 ms keep a 500 Hz stream's window as wide. Excitations stay below ~2 Hz, well inside the
+# pass band.
+SAVGOL_MIN_S = 0.08
+SAVGOL_MIN_SAMPLES = 15
+
+
 def _savgol(x: np.ndarray, dt_s: float, deriv: int = 0) -> np.ndarray:
-    """Zero-phase Savitzky-Golay low-pass (~40 ms window, cubic) along time."""
+    """Zero-phase Savitzky-Golay low-pass (cubic, >= 80 ms and >= 15 samples) along time."""
     from scipy.signal import savgol_filter
 
-    win = max(5, int(round(0.04 / dt_s)) | 1)
+    win = max(SAVGOL_MIN_SAMPLES, int(round(SAVGOL_MIN_S / dt_s))) | 1
     if x.shape[0] <= win:
         return np.gradient(x, dt_s, axis=0) if deriv else x.copy()
     return savgol_filter(x, win, 3, deriv=deriv, delta=dt_s, axis=0)
