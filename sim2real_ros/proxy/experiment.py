@@ -83,12 +83,6 @@ class ExperimentConfig:
     # system identification
     sysid_runs: int = 3
     excitation_s: float = 20.0
-    # Where the excitation is centred: 'bent' (sysid.excitation.default_center: shoulder 0.6,
-    # elbow 0.9 rad, the rest mid-range: gravity loads every joint and varies with the motion)
-    # or 'start' (the pose the recorder finds, the task's home). On the proxy at 125 Hz the
-    # bent centre's effort regression put 16 of 20 values within 10 %, home 14
-    # (bench/study_excitation_recovery.py).
-    excitation_center: str = "bent"
     # step 4
     finetune_trajectories: int = 100
     # shadow: the baseline drives, the best policy on the proxy so far proposes, and the
@@ -158,9 +152,6 @@ class ExperimentConfig:
                               "'step' or 'action'")
         if not 1.0 <= self.excitation_s <= 600.0:
             raise ConfigError(source, "excitation_s", self.excitation_s, "a number in [1, 600] s")
-        if self.excitation_center not in ("bent", "start"):
-            raise ConfigError(source, "excitation_center", self.excitation_center,
-                              "'bent' or 'start'")
         stages = ("shadow", "advisory", "limited", "full")
         for key in ("eval_rollout_stage", "collect_rollout_stage"):
             if getattr(self, key) not in stages:
@@ -664,8 +655,6 @@ def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) 
            "--output-dir", str(out / "bags"), "--run-name", name,
            "--duration", str(ctx.cfg.excitation_s), "--seed", str(ctx.cfg.seed + k),
            "--kind", "multisine", "--note", f"transfer experiment run {k + 1}"]
-    if ctx.cfg.excitation_center == "bent":
-        cmd += ["--center", *(f"{v:.6g}" for v in excitation_center(ctx.arm))]
     log_path = out / "sysid_excite.log"
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -692,13 +681,6 @@ EXCITE_ATTEMPTS = 3
 
 class ExcitationHeld(StageBlocked):
     """A failed recording (recorder error, or the filter held the arm): record it again."""
-
-
-def excitation_center(arm: Any) -> np.ndarray:
-    """The bent centre of the recorder's default envelope (`sysid excite`'s own defaults)."""
-    from sim2real_ros.sysid.excitation import ExcitationEnvelope, default_center
-
-    return default_center(ExcitationEnvelope.from_arm(arm, 0.3, 0.3, 3.0))
 
 
 def _check_excited(bag: Path, n_joints: int) -> None:
