@@ -104,6 +104,45 @@ def test_limited_scale_tightens_every_rate() -> None:
     assert vmax[1] <= 0.5 * ENV.joints[0].velocity_rad_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+@pytest.mark.parametrize("switch", [9, 12, 15, 18, 24, 30])
+def test_scale_drop_while_braking_into_a_limit_keeps_the_command_inside_the_envelope(
+        native: bool, switch: int) -> None:
+    """full -> limited (the monitor's stage drop) while a joint runs at a position limit.
+
+    Halving the acceleration and jerk in the middle of the stop used to carry the command
+    past the envelope (up to 2.34 rad on wrist_2, envelope 1.9, URDF limit 2.0): the state
+    was viable only under the previous limits. The joint now keeps those until it can stop
+    under the scaled ones, and then the scaled limits hold.
+    """
+    from sim2real_ros.safety.projection import NATIVE_AVAILABLE
+
+    if native and not NATIVE_AVAILABLE:
+        pytest.skip("the C core is not built")
+    proj = Projector(ENV, ARM, DT, native=native)
+    assert proj.reset(HOME)
+    k = 4
+    jt = ENV.joints[k]
+    req = list(HOME)
+    req[k] = jt.upper_rad + 0.6
+    for step in range(250):
+        if step == switch:
+            assert abs(proj.v[k]) > 0.3  # moving fast towards the limit
+            proj.set_scale(ENV.limited_scale)
+        res = proj.project_position(None, req, DT)
+        for i, (c, j) in enumerate(zip(res.command, ENV.joints)):
+            assert j.lower_rad <= c <= j.upper_rad, (step, i, c)
+    assert res.command[k] == pytest.approx(jt.upper_rad, abs=2e-3)
+    # Once stopped the scaled limits are in force: a move away is limited-stage slow.
+    req[k] = HOME[k]
+    peak = 0.0
+    for _ in range(150):
+        proj.project_position(None, req, DT)
+        peak = max(peak, abs(proj.v[k]))
+    assert proj.joints[k].vmax <= ENV.limited_scale * jt.velocity_rad_s
+    assert 0.0 < peak <= ENV.limited_scale * jt.velocity_rad_s * (1 + 1e-9)
+
+
 def test_same_inputs_give_bit_identical_outputs() -> None:
     rng = np.random.default_rng(3)
     reqs = [list(rng.uniform(-3, 3, 6)) for _ in range(300)]

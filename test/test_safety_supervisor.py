@@ -319,6 +319,28 @@ def test_limited_stage_projects_the_policy_inside_the_tighter_envelope() -> None
     assert peak > 0.9 * ENV.joints[0].velocity_rad_s * ENV.limited_scale
 
 
+def test_stage_drop_while_a_joint_brakes_at_its_limit_keeps_every_command_inside() -> None:
+    """The monitor's full -> limited drop mid-approach (the fault suite's command_beyond_envelope
+    under load): no emitted command may leave the position envelope."""
+    # Only this test's drop changes the stage (the monitor would drop limited -> advisory).
+    rig = Rig(stage="full", monitor=MonitorConfig(max_intervention_rate=1.0,
+                                                  max_tracking_error_rad=10.0))
+    _driving(rig)
+    k = 4
+    jt = ENV.joints[k]
+    rig.policy_cmd = list(HOME)
+    rig.policy_cmd[k] = jt.upper_rad + 0.6
+    for n in range(200):
+        if n == 12:
+            assert abs(rig.sup.projector.v[k]) > 0.3
+            rig.sup.set_stage("limited", rig.t, "monitor")
+        res = rig.step()
+        for c, j in zip(res.command, ENV.joints):
+            assert j.lower_rad <= c <= j.upper_rad, (n, res.command)
+    assert rig.sup.projector.scale == ENV.limited_scale
+    assert rig.sup.projector.joints[k].vmax < jt.velocity_rad_s  # the scaled limits, settled
+
+
 def test_unknown_stage_is_refused() -> None:
     rig = Rig()
     with pytest.raises(ValueError):

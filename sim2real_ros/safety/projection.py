@@ -180,6 +180,12 @@ def _clearly_viable(jt: _Joint, x: float, v: float, a: float) -> bool:
     return jt.lo + e <= x <= jt.hi - e
 
 
+def _stoppable(jt: _Joint, x: float, v: float, a: float) -> bool:
+    """True when the state (x, v, a) is inside jt's rate limits and clearly viable under them."""
+    return -jt.amax <= a <= jt.amax and -jt.vmax <= v <= jt.vmax and _clearly_viable(
+        jt, x, v, a)
+
+
 def _violation_up(jt: _Joint, x: float, v: float, a: float, j: float, dt: float) -> float:
     """How far the successor under jerk j breaks the upper position/velocity viability (<=0 ok)."""
     a2 = a + j * dt
@@ -425,16 +431,33 @@ class Projector:
 
     # -- configuration -------------------------------------------------------------------
     def set_scale(self, scale: float) -> None:
-        """Scale rates, efforts, tool speed and commanded wrench (rollout stage `limited`)."""
+        """Scale rates, efforts, tool speed and commanded wrench (rollout stage `limited`).
+
+        A smaller scale takes effect per joint once the joint's command state can stop inside
+        its position limits under the scaled rates: a joint moving towards a limit that only
+        the previous (larger) acceleration and jerk can stop before keeps the previous joint
+        limits until it has slowed down (see `_settle_scale`). Cutting the deceleration in the
+        middle of a stop would carry the command past the position envelope, which is the
+        hard limit; the stage's rate tightening is not.
+        """
         if not (math.isfinite(scale) and 0.0 < scale <= 1.0):
             raise ValueError(f"scale must be in (0, 1], got {scale!r}")
+        lower = scale < self.scale
         self.scale = float(scale)
-        self.joints = [
+        target = [
             _Joint(j.name, j.lower_rad, j.upper_rad, j.velocity_rad_s * scale,
                    j.acceleration_rad_s2 * scale, j.jerk_rad_s3 * scale, j.effort_nm * scale,
                    self.dt_max_s)
             for j in self.envelope.joints
         ]
+        self._scaled_joints = target
+        current = getattr(self, "joints", None)
+        if current is None or not lower or not getattr(self, "initialized", False):
+            self.joints = list(target)
+        else:
+            self.joints = [t if _stoppable(t, self.x[i], self.v[i], self.a[i]) else c
+                           for i, (t, c) in enumerate(zip(target, current))]
+        self._scale_pending = any(j is not t for j, t in zip(self.joints, target))
         self.max_tool_speed_m_s = self.envelope.max_tool_speed_m_s * scale
         self._speed_max = self.max_tool_speed_m_s * (1.0 - self._tool_speed_margin)
         # Cascade constants per control period (see _cascade_gains).
@@ -447,6 +470,21 @@ class Projector:
             tuple(t * scale for t in c.max_torque_per_axis_nm),  # type: ignore[arg-type]
         )
         self._core = self._native_core() if self._use_native else None
+
+    def _settle_scale(self) -> None:
+        """Give each joint still on its previous limits the scaled ones once it can stop
+        inside its position limits under them (after a `set_scale` to a smaller scale)."""
+        joints, target = self.joints, self._scaled_joints
+        x, v, a = self.x, self.v, self.a
+        changed = False
+        for i, t in enumerate(target):
+            if joints[i] is not t and _stoppable(t, x[i], v[i], a[i]):
+                joints[i] = t
+                changed = True
+        if changed:
+            self._scale_pending = any(j is not t for j, t in zip(joints, target))
+            self._gains_dt = math.nan
+            self._core = self._native_core() if self._use_native else None
 
     @property
     def backend(self) -> str:
@@ -471,6 +509,11 @@ class Projector:
         if position is None or len(position) != self.n or not all(
                 math.isfinite(p) for p in position):
             return False
+        if self._scale_pending:  # at rest every joint can stop under the scaled limits
+            self.joints = list(self._scaled_joints)
+            self._scale_pending = False
+            self._gains_dt = math.nan
+            self._core = self._native_core() if self._use_native else None
         self.x = [min(max(float(p), jt.lo), jt.hi) for p, jt in zip(position, self.joints)]
         self.v = [0.0] * self.n
         self.a = [0.0] * self.n
@@ -558,6 +601,8 @@ class Projector:
                          dt_s: float, measured: Sequence[float] | None = None) -> Projection:
         """Project a joint position command (rad); `measured` starts the trajectory if needed."""
         events: list[SafetyEvent] = []
+        if self._scale_pending:
+            self._settle_scale()
         if type(dt_s) is float and self.dt_min_s <= dt_s <= self.dt_max_s:
             dt = dt_s
         else:
@@ -759,6 +804,8 @@ class Projector:
                          dt_s: float, measured: Sequence[float] | None = None) -> Projection:
         """Project a joint velocity command (rad/s) from the measured positions."""
         events: list[SafetyEvent] = []
+        if self._scale_pending:
+            self._settle_scale()
         dt = self._dt(dt_s, events)
         m = self._measured(measured)
         if not self.initialized and not self.reset(m):
@@ -789,6 +836,8 @@ class Projector:
               measured: Sequence[float] | None = None) -> Projection:
         """Stop every joint as hard as the limits allow and hold (hold, fallback, e-stop)."""
         events: list[SafetyEvent] = []
+        if self._scale_pending:
+            self._settle_scale()
         dt = self._dt(dt_s, events)
         m = self._measured(measured)
         if not self.initialized and not self.reset(m):
