@@ -117,8 +117,8 @@ def test_scale_drop_while_braking_into_a_limit_keeps_the_command_inside_the_enve
     """
     from sim2real_ros.safety.projection import NATIVE_AVAILABLE
 
-    if native and not NATIVE_AVAILABLE:
-        pytest.skip("the C core is not built")
+    # make builds the C core; test_safety_projection_native checks that it imports.
+    assert NATIVE_AVAILABLE or not native, "sim2real_ros.safety._projection did not import"
     proj = Projector(ENV, ARM, DT, native=native)
     assert proj.reset(HOME)
     k = 4

@@ -391,16 +391,21 @@ def test_monitor_counts_force_events_as_rising_edges_and_tracking_error_as_a_mea
     assert any(v is not None and "tracking error" in v.reasons[0] for v in out)
 
 
-def test_monitor_drift_requests_rollback_and_drops_the_stage() -> None:
-    mon = MonitorConfig(window_s=0.5, max_intervention_rate=0.3, cooldown_s=10.0)
-    rig = Rig(stage="full", monitor=mon)
+def _drift(rig: Rig) -> list:
+    """Drive, then drift: the policy asks for ever faster motion, so the projector intervenes
+    every tick; return the monitor verdicts that fired over 200 ticks."""
     _driving(rig)
-    # Drift: the policy asks for ever faster motion, the projector intervenes every tick.
     verdicts = []
     for k in range(200):
         rig.policy_cmd = [h + 0.02 * k * k * P for h in HOME]
         verdicts.append(rig.step().rollback)
-    fired = [v for v in verdicts if v is not None]
+    return [v for v in verdicts if v is not None]
+
+
+def test_monitor_drift_requests_rollback_and_drops_the_stage() -> None:
+    mon = MonitorConfig(window_s=0.5, max_intervention_rate=0.3, cooldown_s=10.0)
+    rig = Rig(stage="full", monitor=mon)
+    fired = _drift(rig)
     assert len(fired) == 1
     assert rig.sup.stage == "limited"
     assert rig.events(ev.MONITOR) and rig.events(ev.STAGE)[-1].detail.startswith("full -> limited")
@@ -523,12 +528,7 @@ def test_supervisor_passes_the_projection_limits_to_the_monitor() -> None:
     mon = MonitorConfig(window_s=0.5, max_intervention_rate=0.3, cooldown_s=10.0,
                         max_tracking_error_rad=10.0)
     rig = Rig(stage="full", monitor=mon)
-    _driving(rig)
-    verdicts = []
-    for k in range(200):
-        rig.policy_cmd = [h + 0.02 * k * k * P for h in HOME]
-        verdicts.append(rig.step().rollback)
-    fired = [v for v in verdicts if v is not None]
+    fired = _drift(rig)
     assert len(fired) == 1
     limits = fired[0].intervention_limits
     assert limits and set(limits) <= {"position", "velocity", "acceleration", "jerk",
