@@ -86,7 +86,7 @@ def estimate(sim: ArmPlant, runs: list[RunData]) -> dict[str, float]:
     return {k: v for k, v in warm.values.items() if not k.startswith(("kp_scale", "kd_scale"))}
 
 
-def compare(values: dict[str, float], truth: dict[str, Any], n: int) -> list[dict[str, Any]]:
+def compare(values: dict[str, float], truth: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows per compared parameter (and joint): fitted, true, relative error."""
     rows = []
     for key in ("mass_scale", "payload_kg", "joint_damping_nms", "joint_friction_nm",
@@ -99,7 +99,6 @@ def compare(values: dict[str, float], truth: dict[str, Any], n: int) -> list[dic
             rel = (values[name] - t[j]) / abs(t[j])
             rows.append({"parameter": name, "fitted": values[name], "true": float(t[j]),
                          "rel_error": float(rel), "within_10pct": bool(abs(rel) <= TOLERANCE)})
-    del n
     return rows
 
 
@@ -124,7 +123,7 @@ def run_variant(v: Variant, unit: ProxyUnit, sim: ArmPlant, seeds: tuple[int, ..
                                  v.f_min_hz, v.f_max_hz, seed=s)
         runs.append(record_excitation(plant, exc, obs_hz, settle_s, COMMAND_HZ, f"seed{s}"))
     values = estimate(sim, runs)
-    rows = compare(values, truth_values(unit), arm.n_joints)
+    rows = compare(values, truth_values(unit))
     peak_acc = float(max(np.abs(np.diff(r.qd, axis=0)).max() * obs_hz for r in runs))
     return {"variant": v.__dict__, "noise_free": noise_free, "rows": rows,
             "n_within": sum(r["within_10pct"] for r in rows), "n_compared": len(rows),
