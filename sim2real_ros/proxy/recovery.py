@@ -159,6 +159,6 @@ def plot_recovery(rec: dict[str, Any], path: Path) -> Path:
     ax.set_yticks(y, [f"{r['parameter']} {r['joint']}".strip() for r in rows], fontsize=7)
     ax.set_xlabel("fit error vs proxy truth (%), clipped at ±100")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long joint labels: never cut
     plt.close(fig)
     return path
