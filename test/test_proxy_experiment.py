@@ -67,9 +67,12 @@ def test_quick_run_writes_every_artifact_and_a_corrupted_one_stops_the_resume(
         assert row["sim_success"] is not None and row["proxy_success"] is not None, row
         assert row["audit"] and set(row["audit"]) == {
             "visual", "dynamics", "sensor", "actuator", "latency", "safety"}, row
+        # every proxy evaluation records how busy the host was (proxy.hostload)
+        assert row["host_foreign_cores"] is not None and row["host_cpus"] >= 1, row
     assert results["parameter_recovery"]["parameters"]
     for name in ("results.md", "success.png", "final_errors.png", "parameter_recovery.png"):
         assert (run_dir / "report" / name).stat().st_size > 0
+    assert "Host: cores that other work used" in (run_dir / "report" / "results.md").read_text()
     info = json.loads((run_dir / "run.json").read_text())
     assert info["quick"] is True and len(info["unit_file_sha256"]) == 64
     assert info["versions"]["mujoco"] != "not installed"

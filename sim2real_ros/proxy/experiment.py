@@ -39,6 +39,7 @@ import numpy as np
 
 from sim2real_ros.config import ConfigError, file_sha256
 from sim2real_ros.paths import default_urdf, share_path
+from sim2real_ros.proxy.hostload import HostLoadMeter
 from sim2real_ros.proxy.runfolder import ArtifactError, RunFolder, read_json, write_json
 from sim2real_ros.robot.model import load_arm
 
@@ -438,11 +439,19 @@ def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path, spec: Path
                             stage_dir / f"logs_{label}",
                             safety_timeout_s=ctx.cfg.safety_timeout_s) as runner:
         bar = ctx.progress.bar(len(targets), f"proxy eval {label}")
+        meter = HostLoadMeter().start()
         ev = evaluate_on_graph(ctx.arm, TaskConfig(), targets,
                                alive=lambda: (check_graph(runner), ctx.proxy.check()),
                                promote_to=ctx.cfg.eval_rollout_stage,
                                progress=lambda k, r: bar.update(1))
+        host = meter.stop()
         bar.close()
+    if host.busy:
+        ctx.progress.say(
+            f"WARNING: the host was busy during the proxy evaluation of {label}: other work "
+            f"used {host.foreign_cores:.2f} of {host.cpus} cores (the experiment "
+            f"{host.own_cores:.2f}). The real-time graph shared its cores, so this step is "
+            "not comparable with a run on an idle host")
     summary = summarize(ev.results)
     unit_id = ev.counters.hardware_id or "unknown"
     record = HilRecord(
@@ -465,9 +474,11 @@ def _proxy_eval(ctx: Context, out: Path, label: str, stage_dir: Path, spec: Path
     audit = _audit(ctx, stage_dir, label, hil, spec, calibrations, bags, unit_id)
     data = {"label": label, "registry_version": version, "summary": summary.to_dict(),
             "counters": ev.counters.to_dict(), "wall_s": ev.wall_s, "warmup_s": ev.warmup_s,
-            "audit": audit, "episodes": [r.to_dict() for r in ev.results]}
+            "host": host.to_dict(), "audit": audit,
+            "episodes": [r.to_dict() for r in ev.results]}
     write_json(out, data)
-    return {"summary": summary.to_dict(), "counters": ev.counters.to_dict(), "audit": audit}
+    return {"summary": summary.to_dict(), "counters": ev.counters.to_dict(), "audit": audit,
+            "host": host.to_dict()}
 
 
 SIM_EVALS = {"nominal": ("s1_train", "sim_eval_nominal.json"),

@@ -50,6 +50,10 @@ class Row:
     sim_episodes: int | None
     proxy_episodes: int | None
     note: str = ""
+    # CPU that other work used on the host during the proxy evaluation (proxy.hostload);
+    # None for a run folder from before it was recorded
+    host_foreign_cores: float | None = None
+    host_cpus: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -108,6 +112,8 @@ def collect_rows(run: RunFolder) -> list[Row]:
             sim_episodes=(sim or {}).get("summary", {}).get("n_episodes"),
             proxy_episodes=ps.get("n_episodes"),
             note="; ".join(notes),
+            host_foreign_cores=_num((px or {}).get("host", {}).get("foreign_cores")),
+            host_cpus=(px or {}).get("host", {}).get("cpus"),
         ))
     return rows
 
@@ -143,7 +149,27 @@ def markdown_table(rows: list[Row]) -> str:
             f"{_fmt(r.final_error_mm, '.1f')} | {_fmt(r.interventions, 'd')} | "
             f"{_fmt(r.fallbacks, 'd')} | {audit} |")
     notes = [f"- {r.label}: {r.note}" for r in rows if r.note]
-    return head + "\n".join(lines) + ("\n\nNot run:\n" + "\n".join(notes) if notes else "") + "\n"
+    return (head + "\n".join(lines) + ("\n\nNot run:\n" + "\n".join(notes) if notes else "")
+            + host_line(rows) + "\n")
+
+
+def host_line(rows: list[Row]) -> str:
+    """One line on how busy the host was during each proxy evaluation ('' if not recorded)."""
+    from sim2real_ros.proxy.hostload import BUSY_FOREIGN_CORES
+
+    measured = [r for r in rows if r.host_foreign_cores is not None]
+    if not measured:
+        return ""
+    cpus = next((r.host_cpus for r in measured if r.host_cpus), None)
+    parts = [f"{r.policy} {r.host_foreign_cores:.2f}"
+             + (" (**busy**)" if r.host_foreign_cores > BUSY_FOREIGN_CORES else "")
+             for r in measured]
+    busy = any(r.host_foreign_cores > BUSY_FOREIGN_CORES for r in measured)
+    return ("\n\nHost: cores that other work used during each proxy evaluation"
+            + (f" (of {cpus})" if cpus else "") + ": " + ", ".join(parts) + ". "
+            + ("A busy step shared the real-time graph's cores and is not comparable with a "
+               "run on an idle host." if busy else
+               f"Every step is at or below {BUSY_FOREIGN_CORES} cores: an idle host."))
 
 
 def plot_success(rows: list[Row], path: Path) -> Path:
