@@ -15,7 +15,14 @@ from sim2real_ros.robot import load_arm
 from sim2real_ros.safety.envelope import Envelope, derive_envelope_dict, load_envelope
 from sim2real_ros.safety.events import INTERVENTION, INVALID_COMMAND, INVALID_INPUT
 from sim2real_ros.safety.kinematics import ToolKinematics
-from sim2real_ros.safety.projection import Projector, excursion_up
+from sim2real_ros.safety.projection import (
+    _STOP_TICKS_MAX,
+    Projector,
+    _brake_jerk,
+    _Joint,
+    _stops_in,
+    excursion_up,
+)
 
 ARM = load_arm(default_urdf())
 ENV = load_envelope(share_path("config", "safety_envelope.yaml"), ARM)
@@ -250,3 +257,95 @@ def test_braking_excursion_matches_a_fine_simulation() -> None:
             best = max(best, x)
         assert excursion_up(v, a, amax, jmax) >= best - 2e-4
         assert excursion_up(v, a, amax, jmax) <= best + 0.02
+
+
+def _brake_to_rest(jt: _Joint, v: float, a: float, dt: float, ticks: int
+                   ) -> tuple[int | None, float]:
+    """Run the brake law from (v, a); return (ticks to rest or None, furthest + travel).
+
+    Rest: |v| < 1e-12 rad/s and |a| < 1e-10 rad/s^2 (float rounding of the exact stop), and
+    still so 50 ticks later.
+    """
+    x = far = 0.0
+    rest = None
+    for k in range(ticks + 50):
+        at_rest = abs(v) < 1e-12 and abs(a) < 1e-10
+        if at_rest and rest is None:
+            rest = k
+        elif not at_rest:
+            rest = None
+        if rest is not None and k - rest >= 50:
+            return rest, far
+        j = _brake_jerk(jt, v, a, dt)
+        a += j * dt
+        v += a * dt
+        x += v * dt
+        far = max(far, x)
+    return None, far
+
+
+def test_brake_law_comes_to_rest_from_a_state_that_used_to_cycle() -> None:
+    # The continuous-time hardest stop sampled at 10 ms cycled here for ever (period 8 ticks,
+    # +-0.022 rad/s): the fault suite's held command chattered ~1e-4 rad and crept.
+    jt = _Joint("wrist", -2.9, 2.9, 2.7, 10.8, 108.0, 25.2, 2 * DT)
+    v, a = -0.02152938092365761, 0.0
+    ticks, _ = _brake_to_rest(jt, v, a, DT, 100)
+    assert ticks is not None and ticks <= _STOP_TICKS_MAX
+
+
+@pytest.mark.parametrize("jerk_time_s", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("dt_periods", [0.5, 1.0, 1.37, 2.0])
+def test_brake_law_reaches_exact_rest_from_any_state_within_its_own_excursion(
+        jerk_time_s: float, dt_periods: float) -> None:
+    """No limit cycle anywhere; rest in bounded ticks; travel within the continuous bound."""
+    dt = DT * dt_periods
+    amax = 10.8
+    jt = _Joint("j", -2.9, 2.9, 2.7, amax, amax / jerk_time_s, 25.2, 2 * DT)
+    rng = np.random.default_rng(7)
+    for _ in range(1500):
+        v = rng.uniform(-jt.vmax, jt.vmax) * rng.choice([1.0, 0.1, 0.01, 0.001])
+        a = rng.uniform(-jt.amax, jt.amax) * rng.choice([1.0, 0.1, 0.01])
+        # The continuous stop's time bound (undo a, brake from the peak speed, ramp the
+        # acceleration in and out), one more ramp for a phase switch a tick late, the end game.
+        peak = abs(v) + a * a / (2 * jt.jmax)
+        bound_s = abs(a) / jt.jmax + peak / jt.amax + 4 * jt.amax / jt.jmax
+        slowest = bound_s / dt + _STOP_TICKS_MAX + 2
+        ticks, far = _brake_to_rest(jt, v, a, dt, 4000)
+        assert ticks is not None, f"no rest from v={v!r}, a={a!r}"
+        assert ticks <= slowest, (v, a, ticks, slowest)
+        assert far <= excursion_up(v, a, jt.amax, jt.jmax) + 1e-5, (v, a)
+
+
+def test_brake_end_game_stops_in_the_fewest_ticks() -> None:
+    """Near rest the brake takes exactly as many ticks as the reachability test says."""
+    jt = _Joint("j", -2.9, 2.9, 2.7, 10.8, 108.0, 25.2, 2 * DT)
+    h = jt.jmax * DT
+    rng = np.random.default_rng(3)
+    checked = 0
+    for _ in range(3000):
+        w, p = rng.uniform(-4, 4), rng.uniform(-20, 20)
+        fewest = next((n for n in range(1, _STOP_TICKS_MAX + 1) if _stops_in(n, p, w)), None)
+        if fewest is None or abs(w) > 0.5 and fewest <= 2:
+            continue  # out of the end game's reach, or the two-tick settle (its own rule)
+        ticks, _ = _brake_to_rest(jt, p * h * DT, w * h, DT, 200)
+        assert ticks is not None and ticks <= fewest + 2, (p, w, fewest, ticks)
+        checked += 1
+    assert checked > 1000
+
+
+@pytest.mark.parametrize("dt_periods", [1.0, 2.0])
+def test_hold_brake_of_the_projector_settles_to_a_constant_command(dt_periods: float) -> None:
+    """Projector.brake (the filter's hold) from random moving states: the command stops."""
+    rng = np.random.default_rng(11)
+    dt = DT * dt_periods
+    for _ in range(40):
+        proj = _projector()
+        q = [h + rng.uniform(-0.3, 0.3) for h in HOME]
+        assert proj.reset(q)
+        proj.v = [rng.uniform(-0.2, 0.2) * jt.vmax * rng.choice([1.0, 0.01]) for jt in proj.joints]
+        proj.a = [rng.uniform(-0.3, 0.3) * jt.amax for jt in proj.joints]
+        cmds = [proj.brake(dt).command for _ in range(100)]
+        tail = np.array(cmds[-30:])
+        assert np.array_equal(tail, np.repeat(tail[-1:], len(tail), axis=0)), (
+            f"held command still moves by {np.ptp(tail, axis=0).max():.3g} rad")
+        assert proj.v == [0.0] * proj.n and proj.a == [0.0] * proj.n

@@ -358,6 +358,82 @@ typedef struct {
     double exc[MAX_JOINTS], w[MAX_JOINTS];
 } State;
 
+/* _STOP_TICKS_MAX and _STOP_TOL of projection.py */
+#define STOP_TICKS_MAX 12
+#define STOP_TOL 1e-9
+
+/* _stop_q_max */
+static double stop_q_max(int n, double s)
+{
+    double t = 0.5 * (s + n);
+    double m = floor(t);
+    if (m >= n)
+        return 0.5 * n * (n + 1);
+    double f = t - m;
+    return -0.5 * n * (n + 1) + 2.0 * (m * n - 0.5 * m * (m - 1)) + 2.0 * f * (n - m);
+}
+
+/* _stop_u1_max */
+static double stop_u1_max(int n, double s)
+{
+    double t = 0.5 * (s + n);
+    return floor(t) >= 1 ? 1.0 : -1.0 + 2.0 * t;
+}
+
+/* _stops_in */
+static int stops_in(int n, double p, double w)
+{
+    double s = -w;
+    if (s > n + STOP_TOL || s < -n - STOP_TOL)
+        return 0;
+    if (s > n)
+        s = (double)n;
+    else if (s < -n)
+        s = (double)(-n);
+    double q = -p - n * w;
+    double eps = STOP_TOL * (1.0 + (q >= 0.0 ? q : -q));
+    return -stop_q_max(n, -s) - eps <= q && q <= stop_q_max(n, s) + eps;
+}
+
+/* _endgame_jerk */
+static double endgame_jerk(double v, double a, double j, double jmax, double dt)
+{
+    double h = jmax * dt;
+    double w = a / h;
+    double p = v / (h * dt);
+    double aw = w >= 0.0 ? w : -w;
+    double ap = p >= 0.0 ? p : -p;
+    int nmax = STOP_TICKS_MAX;
+    if (aw > nmax + STOP_TOL || ap > 0.5 * nmax * (nmax + 1) + nmax * aw + 1.0)
+        return j;
+    int n = 1;
+    while (!stops_in(n, p, w)) {
+        n += 1;
+        if (n > nmax)
+            return j;
+    }
+    double u = j / jmax;
+    if (n > 1 && stops_in(n - 1, p + w + u, w + u))
+        return j;
+    double s = -w;
+    if (s > n)
+        s = (double)n;
+    else if (s < -n)
+        s = (double)(-n);
+    double q = -p - n * w;
+    double hi = stop_q_max(n, s);
+    double lo = -stop_q_max(n, -s);
+    double lam = 0.5;
+    if (hi > lo) {
+        lam = (q - lo) / (hi - lo);
+        if (lam < 0.0)
+            lam = 0.0;
+        else if (lam > 1.0)
+            lam = 1.0;
+    }
+    return (lam * stop_u1_max(n, s) - (1.0 - lam) * stop_u1_max(n, -s)) * jmax;
+}
+
 /* Projector._brake_into, always with the bounds (its only use here is _cartesian_brake). */
 static void brake_into(const Core *c, State *st, const double *x_base, double *out,
                        double *speed_out, double *tail_out)
@@ -393,7 +469,7 @@ static void brake_into(const Core *c, State *st, const double *x_base, double *o
                     jm = 0.0;
                 else
                     jm = -jmax;
-                j = s * (jm < jmax ? jm : jmax);
+                j = endgame_jerk(vi, ai, s * (jm < jmax ? jm : jmax), jmax, dt);
             }
             if (j < jlo)
                 j = jlo;
@@ -1120,10 +1196,10 @@ PyMODINIT_FUNC PyInit__projection(void)
     }
     /* The constants shared with projection.py, so a test can hold the two equal. */
     PyObject *consts = Py_BuildValue(
-        "{sdsdsisdsdsisdsdsd}", "_TOL_ABS", TOL_ABS, "_SNAP", SNAP, "_BISECT_STEPS",
+        "{sdsdsisdsdsisdsdsdsisd}", "_TOL_ABS", TOL_ABS, "_SNAP", SNAP, "_BISECT_STEPS",
         BISECT_STEPS, "_ROOT_WIDTH", ROOT_WIDTH, "_ROOT_TOL", ROOT_TOL, "_CARTESIAN_STEPS",
         CARTESIAN_STEPS, "_POS_GAIN", POS_GAIN, "_VEL_GAIN", VEL_GAIN, "_LIMIT_SHARE",
-        LIMIT_SHARE);
+        LIMIT_SHARE, "_STOP_TICKS_MAX", STOP_TICKS_MAX, "_STOP_TOL", STOP_TOL);
     if (consts == NULL || PyModule_AddObject(m, "CONSTANTS", consts) < 0) {
         Py_XDECREF(consts);
         Py_DECREF(m);
