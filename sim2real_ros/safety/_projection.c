@@ -407,7 +407,12 @@ static double endgame_jerk(double v, double a, double j, double jmax, double dt)
     if (aw > nmax + STOP_TOL || ap > 0.5 * nmax * (nmax + 1) + nmax * aw + 1.0)
         return j;
     int n = 1;
-    while (!stops_in(n, p, w)) {
+    for (;;) {
+        double r = p + n * w;
+        double ar = r >= 0.0 ? r : -r;
+        if (aw <= n + STOP_TOL && ar - STOP_TOL * (1.0 + ar) <= 0.5 * n * (n + 1)
+            && stops_in(n, p, w))
+            break;
         n += 1;
         if (n > nmax)
             return j;

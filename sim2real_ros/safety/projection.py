@@ -411,7 +411,13 @@ def _endgame_jerk(v: float, a: float, j: float, jmax: float, dt: float) -> float
     if aw > nmax + _STOP_TOL or ap > 0.5 * nmax * (nmax + 1) + nmax * aw + 1.0:
         return j  # cannot stop within nmax ticks: far from rest
     n = 1
-    while not _stops_in(n, p, w):
+    while True:
+        # |w| <= n and |p + n w| <= n (n + 1) / 2 are necessary: the cheap test first.
+        r = p + n * w
+        ar = r if r >= 0.0 else -r
+        if (aw <= n + _STOP_TOL and ar - _STOP_TOL * (1.0 + ar) <= 0.5 * n * (n + 1)
+                and _stops_in(n, p, w)):
+            break
         n += 1
         if n > nmax:
             return j
