@@ -5,8 +5,8 @@ hidden unit), the question issue #9's parameter-recovery target asks. Each excit
 run as the recorder runs it in the transfer experiment (hold, multisine around a centre, hold;
 commands at 100 Hz through the unit's bus latency, joint states at the proxy's publish rate with
 the unit's encoder errors), three seeds per variant. The recorded runs go through exactly the
-fit's physics path (`servo_start` for the drive's start, then `effort_estimate`: the effort
-regression with its bias removed through the PyBullet simulator) and the estimate is compared
+fit's physics path (the effort lag and alignment, `servo_start` for the drive's start, then
+`effort_estimate`: the effort regression with its nuisance parameters) and the estimate is compared
 with the unit's hidden values under the simulator's names (`proxy.recovery.truth_values`).
 
     ROS not needed.  .venv/bin/python -m bench.study_excitation_recovery [--quick]
@@ -27,16 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from sim2real_ros.paths import default_urdf, share_path
 from sim2real_ros.policy.task import TaskConfig
 from sim2real_ros.proxy.offline import record_excitation
 from sim2real_ros.proxy.plant import ProxyPlant
 from sim2real_ros.proxy.recovery import TOLERANCE, truth_values
 from sim2real_ros.proxy.unit import ProxyUnit
-from sim2real_ros.paths import default_urdf, share_path
 from sim2real_ros.robot.model import load_arm
 from sim2real_ros.sim.plant import ArmPlant
 from sim2real_ros.sysid import excitation as ex
 from sim2real_ros.sysid.fit import FitOptions, effort_estimate, param_defs, servo_start
+from sim2real_ros.sysid.regression import EffortRegression, align_effort
 from sim2real_ros.sysid.runs import RunData
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -72,10 +73,12 @@ VARIANTS = (
 
 
 def estimate(sim: ArmPlant, runs: list[RunData]) -> dict[str, float]:
-    """The fit's physics path (servo start, then the debiased effort regression)."""
+    """The fit's physics path: the effort lag, the aligned efforts, the drive's start and the
+    effort regression (with its nuisance parameters), as `sysid.fit` runs them."""
     opts = FitOptions(groups=GROUPS, hold_regression=REGRESSION)
     base = sim.resolved_params()
     defs = param_defs(GROUPS, sim.n)
+    runs = align_effort(runs, EffortRegression(sim, runs, base).scan_lag(REGRESSION).lag_s)
     latency0 = 0.02
     servo = servo_start(sim, runs, base, latency0, opts.max_latency_s)
     drive: dict[str, float] = {}

@@ -294,3 +294,26 @@ def test_reported_effort_is_the_applied_torque_so_the_regression_finds_the_armat
         biased = est["raw"][f"armature_kgm2[{j}]"]
         assert abs(got - true) <= 0.3 * true, (j, got, true)
         assert biased - true >= 0.35 * true, (j, biased, true)  # the bias the fix removes
+
+
+def test_reported_effort_is_the_mean_applied_torque_since_the_previous_sample() -> None:
+    # A drive's current measurement integrates over its reporting period: measure() reports
+    # the mean of every physics step's applied torque since the previous measure().
+    unit = ProxyUnit.from_yaml(SHIPPED_UNIT, ARM)
+    q0 = np.array([0.0, -0.4, 1.2, 0.0, 1.5, 0.0])
+    sampled, stepped = ProxyPlant(unit), ProxyPlant(unit)
+    for p in (sampled, stepped):
+        p.reset(q0)
+        p.command_position(q0 + 0.3)
+        p.advance(0.05)  # the bus delivered the command; the drives are moving the arm
+    per_step = []
+    for _ in range(8):
+        stepped.step(1)
+        per_step.append(stepped.truth().tau_nm)
+    sampled.step(8)
+    m = sampled.measure()
+    assert np.allclose(m.tau_nm, np.mean(per_step, axis=0), rtol=0.0, atol=1e-9)
+    # Not a snapshot: the last step's torque differs (the arm accelerates under the new target).
+    assert np.max(np.abs(m.tau_nm - per_step[-1])) > 0.05
+    # No step since the last sample: the last step's torque.
+    assert np.array_equal(sampled.measure().tau_nm, sampled.truth().tau_nm)

@@ -732,7 +732,10 @@ def stage_sysid_fit(ctx: Context, out: Path) -> dict[str, Any]:
     calibration = out / "calibration.yaml"
     args = ["sysid", "fit", *[str(b) for b in _sysid_bags(ctx)], "-o", str(calibration),
             "--report", str(out / "fit_report"), "--no-progress",
-            "--params", *SYSID_PARAMS, "--hold-regression", *SYSID_HOLD]
+            "--params", *SYSID_PARAMS, "--hold-regression", *SYSID_HOLD,
+            # The proxy's drives report their mean torque over each joint-state period; the fit
+            # finds the lag that implies rather than being told (docs/sysid.md).
+            "--effort-lag-s", "auto"]
     if unit:
         args += ["--unit", unit]
     ctx.progress.say(f"fitting {len(_sysid_bags(ctx))} runs of unit {unit or '?'}")

@@ -100,7 +100,12 @@ class ProxyPlant:
         # effort regression read as armature. The drives report the applied torque.
         implicit = self.unit.integrator in ("implicitfast", "implicit")
         self._implicit_kv = self.kd.copy() if implicit else np.zeros(self.n)
+        self._dt_kv = self.physics_dt_s * self._implicit_kv
         self._qacc = np.zeros(self.n)
+        # The reported effort is the mean applied torque over the steps since the last
+        # measurement (see measure()): its running sum and step count.
+        self._tau_sum = np.zeros(self.n)
+        self._tau_steps = 0
         self.model = self._build_model(self.unit, with_drives=True)
         self.data = mujoco.MjData(self.model)
         self._qadr = np.array(
@@ -241,6 +246,8 @@ class ProxyPlant:
         mujoco.mj_forward(self.model, self.data)
         self._queue.clear()
         self._qacc = np.zeros(self.n)
+        self._tau_sum = np.zeros(self.n)
+        self._tau_steps = 0
         self._last_apply_s = 0.0
         self._command = q.copy()
         self._target = q.copy()
@@ -291,17 +298,21 @@ class ProxyPlant:
     def step(self, n: int = 1) -> None:
         """Advance n physics steps; the drives act on each command when the bus delivers it."""
         left = int(n)
+        model, data, dadr = self.model, self.data, self._dadr
+        inv_dt = 1.0 / self.physics_dt_s
         while left > 0:
             self._apply_due_commands()
             chunk = left
             if self._queue:
                 due = int(math.ceil((self._queue[0][0] - self.time_s) / self.physics_dt_s - 0.5))
                 chunk = min(left, max(due, 1))
-            if chunk > 1:
-                mujoco.mj_step(self.model, self.data, chunk - 1)
-            v0 = self.data.qvel[self._dadr].copy()
-            mujoco.mj_step(self.model, self.data, 1)
-            self._qacc = (self.data.qvel[self._dadr] - v0) / self.physics_dt_s
+            # One step at a time: the reported effort averages every step's applied torque.
+            for _ in range(chunk):
+                v0 = data.qvel[dadr]
+                mujoco.mj_step(model, data, 1)
+                self._qacc = (data.qvel[dadr] - v0) * inv_dt
+                self._tau_sum += self.applied_torque()
+            self._tau_steps += chunk
             self.steps += chunk
             left -= chunk
 
@@ -331,10 +342,10 @@ class ProxyPlant:
         actuator_force less the implicit velocity term dt·kv·q̈ (see __init__); a drive at its
         force limit applies the limit.
         """
-        force = self.data.actuator_force.copy()
+        force = self.data.actuator_force
         limit = self.unit.torque_limit_nm
         free = np.abs(force) < limit * (1.0 - 1e-9)
-        corrected = force - self.physics_dt_s * self._implicit_kv * self._qacc
+        corrected = force - self._dt_kv * self._qacc
         return np.where(free, np.clip(corrected, -limit, limit), force)
 
     def truth(self) -> ProxyTruth:
@@ -349,7 +360,15 @@ class ProxyPlant:
         )
 
     def measure(self) -> ProxyMeasurement:
-        """Return what the encoders, drives and F/T sensor report now."""
+        """Return what the encoders, drives and F/T sensor report now.
+
+        Positions and velocities are sampled now; the effort is the mean applied torque over
+        the physics steps since the previous measurement (the last step's torque when none
+        ran), as a drive's current measurement integrates over its reporting period. A
+        snapshot of one 1 ms step of a PID fed a 100 Hz staircase carries its ripple at a
+        phase that changes from sample to sample; at 125 Hz that ripple swamped the damping
+        and armature of the big joints in the effort regression (docs/proxy.md).
+        """
         u = self.unit
         q = self.data.qpos[self._qadr] + u.encoder_bias_rad + u.encoder_drift_rad_s * self.time_s
         if np.any(u.encoder_noise_std_rad > 0):
@@ -359,10 +378,13 @@ class ProxyPlant:
         wrench = self._true_wrench() + u.ft_bias
         if np.any(u.ft_noise_std > 0):
             wrench = wrench + self._rng.normal(0.0, 1.0, 6) * u.ft_noise_std
-        return ProxyMeasurement(
-            self.time_s, q, self.data.qvel[self._dadr].copy(),
-            self.applied_torque(), wrench,
-        )
+        if self._tau_steps:
+            tau = self._tau_sum / self._tau_steps
+        else:
+            tau = self.applied_torque()
+        self._tau_sum = np.zeros(self.n)
+        self._tau_steps = 0
+        return ProxyMeasurement(self.time_s, q, self.data.qvel[self._dadr].copy(), tau, wrench)
 
     def pending_commands(self) -> int:
         """Number of commands still on the bus (sent, not yet acted on)."""

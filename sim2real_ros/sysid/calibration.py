@@ -235,6 +235,10 @@ def calibration_dict(
         "simulations": result.evaluations,
         "windows": result.n_windows,
         "duration_s": result.duration_s,
+        # How the efforts were read (sysid/regression.py): their lag behind the stamps, and
+        # what the effort regression estimated alongside the physics.
+        "effort_lag_s": result.effort_lag_s,
+        "regression_nuisance": dict(result.regression_nuisance),
     }
     return _plain({
         "unit": unit,

@@ -65,6 +65,15 @@ def register(subparsers: Any) -> None:
                      "measured drive torques) and held there; the simulation fit then fits "
                      "only the other groups (the drive). Use when the simulator's servo is "
                      "not the unit's drive (docs/sysid.md)")
+    fit.add_argument("--effort-lag-s", type=_lag_arg, default=0.0, metavar="S|auto",
+                     help="the reported effort's lag behind the joint-state stamps, s: 0 "
+                     "(default) for a drive that samples its torque at the stamp, half the "
+                     "period for one that reports the period's mean; 'auto' estimates it as "
+                     "the lag with the least effort-regression residual (docs/sysid.md)")
+    fit.add_argument("--debias-regression", choices=["auto", "on", "off"], default="auto",
+                     help="debias the effort regression through the simulator's replay, which "
+                     "samples efforts at the stamps (auto: when the effort lag is under a "
+                     "quarter period; docs/sysid.md)")
     fit.add_argument("--validation-runs", nargs="+", default=None,
                      help="bag names held out (default: the last third)")
     fit.add_argument("--max-iterations", type=int, default=10)
@@ -167,6 +176,21 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lag_arg(text: str) -> float | None:
+    """--effort-lag-s: 'auto' (None: estimate) or seconds in [0, 0.1]."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--effort-lag-s {text!r}: expected seconds in [0, 0.1] or 'auto'") from None
+    if not (0.0 <= value <= 0.1):
+        raise argparse.ArgumentTypeError(
+            f"--effort-lag-s {text!r}: expected seconds in [0, 0.1] or 'auto'")
+    return value
+
+
 def _error(msg: str) -> int:
     print(f"sim2real sysid fit: error: {msg}", file=sys.stderr)
     return 2
@@ -220,6 +244,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             validation_runs=tuple(args.validation_runs) if args.validation_runs else None,
             progress=not args.no_progress,
             hold_regression=tuple(args.hold_regression or ()),
+            effort_lag_s=args.effort_lag_s,
+            debias_regression={"auto": None, "on": True, "off": False}[args.debias_regression],
         )
         try:
             result = fit(runs, opts, plant=plant, log=lambda m: print(f"[sysid] {m}"))

@@ -33,6 +33,15 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from sim2real_ros.sim.plant import ArmPlant, PlantParams
+from sim2real_ros.sysid.regression import (
+    AXES,
+    MAX_ROWS,
+    MIN_SPEED_RAD_S,
+    PHYSICS_GROUPS,
+    EffortRegression,
+    align_effort,
+    sample_rows,
+)
 from sim2real_ros.sysid.runs import NoiseProfile, RunData, estimate_noise, observation_latency_s
 from sim2real_ros.sysid.shoot import simulate_segment, step_targets
 
@@ -60,6 +69,8 @@ DEFAULT_GROUPS = (
     LATENCY,
 )
 WARM_START_TRUSTED = ("mass_scale", "payload_kg")
+# The payload's centre of mass the regression may place from the tool frame, m per axis.
+_PAYLOAD_COM_MAX_M = 0.3
 # Noise floors: a perfectly quiet channel must not get infinite weight.
 MIN_STD = {"q": 1e-5, "qd": 5e-4, "tau": 0.01}
 
@@ -97,6 +108,15 @@ class FitOptions:
     # model differs from the unit's drive (a PD for a PID) otherwise moves damping, friction
     # and masses to imitate the drive. Their run-to-run spread is that of per-run regressions.
     hold_regression: tuple[str, ...] = ()
+    # The reported effort's lag behind the joint-state stamp, s: 0 for a drive that samples
+    # its torque at the stamp (the simulator), half the period for one that reports the
+    # period's mean (the proxy); None estimates it as the lag with the least effort-regression
+    # residual (sysid/regression.py; reliable on period means, not on instant samples).
+    effort_lag_s: float | None = 0.0
+    # The regression debiased through the simulator's replay (see effort_estimate). None:
+    # where the replay samples efforts as the drive does, i.e. when the effort lag is under a
+    # quarter of the sample period (a torque sampled at the stamp, as the simulator reports).
+    debias_regression: bool | None = None
 
     def check(self) -> None:
         """Raise FitError for an unknown group or an impossible window layout."""
@@ -115,6 +135,10 @@ class FitOptions:
             )
         if not 0.0 <= self.settle_s <= 0.5:
             raise FitError(f"settle_s = {self.settle_s}: expected 0 <= settle_s <= 0.5")
+        if self.effort_lag_s is not None and not (
+                math.isfinite(self.effort_lag_s) and 0.0 <= self.effort_lag_s <= 0.1):
+            raise FitError(f"effort_lag_s = {self.effort_lag_s}: expected a number in "
+                           "[0, 0.1] s, or None to estimate it")
 
 
 @dataclass(frozen=True)
@@ -472,6 +496,13 @@ class FitResult:
     n_windows: int
     duration_s: float
     traces: dict[str, Any] = field(default_factory=dict)
+    # The effort's lag behind the stamps (estimated or given) and, when estimated, the
+    # regression's residual per lag tried: {"lags_s": [...], "residual_rms_nm": [...]}.
+    effort_lag_s: float = 0.0
+    effort_lag_scan: dict[str, list[float]] | None = None
+    # Estimated by the effort regression alongside the physics, not plant parameters:
+    # 'joint_offset_rad[k]' (the encoder's offset, measured - true) and 'payload_com_m[x|y|z]'.
+    regression_nuisance: dict[str, float] = field(default_factory=dict)
 
     @property
     def improvement(self) -> float:
@@ -488,45 +519,9 @@ class WarmStart:
     values: dict[str, float]
     latency_s: float | None  # latency that best explains the servo torques (None: not tried)
     rows: int
-
-
-# The effort regression's low-pass: a cubic Savitzky-Golay window of at least this long and at
-# least this many samples. The drive's torque under a 100 Hz command staircase is sampled at the
-# joint-state rate; at 125 Hz the staircase aliases to 25 Hz, which the former 40 ms window (5
-# samples there) passed: the regression then read armature at its bound and damping off by up to
-# 3x (bench/study_excitation_recovery.py). 15 samples put the alias in the stop band at 125 Hz;
-# 80 ms keep a 500 Hz stream's window as wide. Excitations stay below ~2 Hz, well inside the
-# pass band.
-SAVGOL_MIN_S = 0.08
-SAVGOL_MIN_SAMPLES = 15
-
-
-def _savgol(x: np.ndarray, dt_s: float, deriv: int = 0) -> np.ndarray:
-    """Zero-phase Savitzky-Golay low-pass (cubic, >= 80 ms and >= 15 samples) along time."""
-    from scipy.signal import savgol_filter
-
-    win = max(SAVGOL_MIN_SAMPLES, int(round(SAVGOL_MIN_S / dt_s))) | 1
-    if x.shape[0] <= win:
-        return np.gradient(x, dt_s, axis=0) if deriv else x.copy()
-    return savgol_filter(x, win, 3, deriv=deriv, delta=dt_s, axis=0)
-
-
-def _sample_rows(lo: int, hi: int, stride: float, seed: int) -> np.ndarray:
-    """Return about (hi - lo) / stride sorted sample indices in [lo, hi), drawn at random.
-
-    Not every stride-th sample: a stride that is a multiple of the command period in samples
-    (5 at 500 Hz sampling of 100 Hz commands; 3 x 20 s runs against 1500 rows give 15) sees
-    every command step at the same phase, and the efforts of a drive fed a staircase then alias
-    into a constant offset that the regressions read as latency, damping or inertia.
-    """
-    count = hi - lo
-    if count <= 0:
-        return np.zeros(0, dtype=int)
-    if stride <= 1.0:
-        return np.arange(lo, hi)
-    m = max(1, int(round(count / stride)))
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(np.arange(lo, hi), size=min(m, count), replace=False))
+    residual_rms_nm: float | None = None  # the regression's RMS effort residual
+    # Estimated alongside, not plant parameters: encoder offsets, the payload's centre of mass
+    nuisance: dict[str, float] = field(default_factory=dict)
 
 
 def _target_at(run: RunData, t_s: np.ndarray, latency_s: float, dt_s: float) -> np.ndarray:
@@ -579,7 +574,7 @@ def servo_start(
     rows = []
     for i, r in enumerate(runs):
         assert r.tau is not None
-        k = _sample_rows(2, r.t_s.size, stride, seed=i)
+        k = sample_rows(2, r.t_s.size, stride, seed=i)
         # the reported torque is the one of the step that ends at the stamp
         q_prev = r.q[k] - dt * r.qd[k]
         gains = []
@@ -631,142 +626,29 @@ def regression_start(
     min_speed_rad_s: float = 0.03,
     trusted_only: bool = True,
     bounded: bool = True,
+    nuisance: bool = False,
 ) -> WarmStart:
-    """Estimate rigid-body, damping and friction parameters by linear least squares on efforts.
+    """Estimate rigid-body, damping, friction and armature by linear least squares on efforts.
 
-    Measured effort = M(q)q̈ + h(q, q̇) + b q̇ + F sign(q̇): the plant's inverse dynamics is
-    linear in mass scale, mass x inertia scale and payload, and the joint losses are linear in
-    b and F. Effort and motion go through the same zero-phase low-pass. Only the inverse
-    dynamics of the plant is used, not its drive, so this does not depend on how the servo is
-    built; servo gains and latency are left to the simulation fit. Sampled efforts of a drive
-    fed a 100 Hz staircase are biased, so damping in particular is only a starting point.
-    Needs efforts; returns no values otherwise.
+    `sysid.regression.EffortRegression` (measured effort = M(q)q̈ + h(q, q̇) + b q̇ + F sign(q̇),
+    linear in mass scale, mass x inertia scale, payload, armature, damping and friction; with
+    `nuisance`, encoder offsets and the payload's centre of mass alongside). Only the plant's
+    inverse dynamics is used, not its drive: servo gains and latency are left to the simulation
+    fit. The efforts are taken as they are: align them first (`align_effort`). With
+    `trusted_only`, only the values WARM_START_TRUSTED lists are returned (a start for the
+    simulation fit); `bounded` clips to the groups' bounds. Needs efforts; no values otherwise.
     """
-    from scipy.optimize import lsq_linear
-
     del latency_s, max_latency_s  # kept in the signature for callers; the drive is not modelled
-    n = plant.n
-    values: dict[str, float] = {}
-    if any(r.tau is None for r in runs):
-        return WarmStart(values, None, 0)
-    base = plant.resolved_params(base)
-    free = set(groups)
-    total = sum(r.t_s.size for r in runs)
-    stride = max(1.0, total / max_rows)
-    samples = []
-    for i, r in enumerate(runs):
-        assert r.tau is not None
-        period = r.sample_period_s
-        tau_f = _savgol(r.tau, period)
-        qd_f = _savgol(r.qd, period)
-        qdd_f = _savgol(r.qd, period, deriv=1)
-        k = _sample_rows(10, r.t_s.size - 10, stride, seed=i)
-        samples.append((r.q[k], qd_f[k], qdd_f[k], tau_f[k]))
-
-    zero_arm = base.copy()
-    zero_arm.armature_kgm2 = np.zeros(n)
-    zero_arm.mass_scale, zero_arm.inertia_scale, zero_arm.payload_kg = 1.0, 1.0, 0.0
-
-    def id_all(p: PlantParams) -> list[np.ndarray]:
-        plant.set_params(p)
-        return [np.array([plant.inverse_dynamics(a, b, c) for a, b, c in zip(q, qd, qdd)])
-                for q, qd, qdd, _ in samples]
-
-    id0 = id_all(zero_arm)
-    p1 = zero_arm.copy()
-    p1.inertia_scale = 2.0
-    id1 = id_all(p1)
-    p2 = zero_arm.copy()
-    p2.payload_kg = 1.0
-    id2 = id_all(p2)
-    plant.set_params(base)
-
-    # --- 3. rigid body + damping + friction (+ armature) by bounded linear least squares
-    mass_f, inertia_f, payload_f = (g in free for g in ("mass_scale", "inertia_scale",
-                                                        "payload_kg"))
-    sm, si = base.mass_scale, base.inertia_scale
-    arm_b = np.asarray(base.armature_kgm2)
-    damp_b = np.asarray(base.joint_damping_nms)
-    fric_b = np.asarray(base.joint_friction_nm)
-    cols: list[str] = []
-    blocks_all: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
-    for (q, qd, qdd, tau), i0, i1, i2 in zip(samples, id0, id1, id2):
-        mass_part, rot_part, pay_part = 2 * i0 - i1, i1 - i0, i2 - i0
-        for j in range(n):
-            m = np.abs(qd[:, j]) > min_speed_rad_s
-            if m.sum() < 10:
-                continue
-            y = tau[m, j].copy()
-            blocks: dict[str, np.ndarray] = {}
-            if mass_f and inertia_f:
-                blocks["alpha"], blocks["gamma"] = mass_part[m, j], rot_part[m, j]
-            elif mass_f:
-                blocks["alpha"] = mass_part[m, j] + si * rot_part[m, j]
-            elif inertia_f:
-                y -= sm * mass_part[m, j]
-                blocks["gamma"] = rot_part[m, j]
-            else:
-                y -= sm * (mass_part[m, j] + si * rot_part[m, j])
-            if payload_f:
-                blocks["payload_kg"] = pay_part[m, j]
-            else:
-                y -= base.payload_kg * pay_part[m, j]
-            for group, col, base_v in (
-                ("armature_kgm2", qdd[m, j], arm_b[j]),
-                ("joint_damping_nms", qd[m, j], damp_b[j]),
-                ("joint_friction_nm", np.sign(qd[m, j]), fric_b[j]),
-            ):
-                if group in free:
-                    blocks[f"{group}[{j}]"] = col
-                else:
-                    y -= base_v * col
-            for name in blocks:
-                if name not in cols:
-                    cols.append(name)
-            blocks_all.append((blocks, y))
-    rows_used = sum(y.size for _, y in blocks_all)
-    if cols and rows_used > len(cols):
-        A = np.zeros((rows_used, len(cols)))
-        yv = np.concatenate([y for _, y in blocks_all])
-        at = 0
-        for blocks, y in blocks_all:
-            for name, col in blocks.items():
-                A[at:at + y.size, cols.index(name)] = col
-            at += y.size
-        scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
-        lo_b, hi_b = [], []
-        for name in cols:
-            if name == "alpha":
-                lo_, hi_ = PARAM_GROUPS["mass_scale"][:2]
-            elif name == "gamma":
-                lo_ = PARAM_GROUPS["mass_scale"][0] * PARAM_GROUPS["inertia_scale"][0]
-                hi_ = PARAM_GROUPS["mass_scale"][1] * PARAM_GROUPS["inertia_scale"][1]
-            else:
-                lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
-            lo_b.append(lo_)
-            hi_b.append(hi_)
-        if bounded:
-            sol = lsq_linear(A / scale, yv,
-                             bounds=(np.array(lo_b) * scale, np.array(hi_b) * scale)).x
-        else:
-            # unbounded: a biased estimate below a bound must keep its value to be debiased
-            sol = np.linalg.lstsq(A / scale, yv, rcond=None)[0]
-        est = dict(zip(cols, sol / scale))
-        if "alpha" in est:
-            values["mass_scale"] = float(est.pop("alpha"))
-        if "gamma" in est:
-            values["inertia_scale"] = float(est.pop("gamma") / max(values.get("mass_scale", sm),
-                                                                   1e-9))
-        values.update({k: float(v) for k, v in est.items()})
-    # Only the gravity-dominated estimates are trusted as a start: sampled efforts of a drive
-    # fed a command staircase bias the velocity and acceleration terms (damping, friction,
-    # inertia) towards zero, and a start at the base values converges better.
+    design = EffortRegression(plant, runs, base, max_rows, min_speed_rad_s, nuisance)
+    bounds = {g: PARAM_GROUPS[g][:2] for g in PARAM_GROUPS} if bounded else None
+    res = design.solve(tuple(groups), 0.0, bounds)
+    values = res.values
     if trusted_only:
         values = {k: v for k, v in values.items() if k in WARM_START_TRUSTED}
     for name, v in list(values.items()):
         lo_, hi_ = PARAM_GROUPS[name.split("[")[0]][:2]
         values[name] = float(np.clip(v, lo_, hi_)) if bounded else float(v)
-    return WarmStart(values, None, rows_used)
+    return WarmStart(values, None, res.rows, res.residual_rms_nm, res.nuisance)
 
 
 def effort_estimate(
@@ -778,10 +660,32 @@ def effort_estimate(
     latency_s: float,
     max_latency_s: float,
     drive: dict[str, float],
+    debias: bool = False,
 ) -> WarmStart:
-    """The effort regression of these runs with its sampling bias removed through the simulator
-    (`regression_start`, then `debiased_regression` from it and the drive's start values): the
-    fit's start, and with `hold_regression` its held values (per run for their spread)."""
+    """The effort regression of these runs (efforts aligned to their stamps): the fit's start,
+    and with `hold_regression` its held values (per run for their spread).
+
+    `debias`: take the mass and payload from the bounded regression and the rest from
+    `debiased_regression` (the regression on the measured runs minus the one on the simulator's
+    replay). That was the default while the proxy reported one physics step's torque: those
+    snapshots of a PID fed a 100 Hz staircase biased the regression and the replay reproduced
+    part of it. On efforts averaged over the sample period and aligned, the replay's own
+    snapshots only add their ripple (armature +34 % on the shoulder lift in the study), so the
+    regression is used directly.
+    """
+    if not debias:
+        # Used as it is, the regression also estimates the encoder offsets and the payload's
+        # centre of mass. Not under the debias: the replay's regression and the measured one
+        # differ in their sampling bias, which those columns then absorb (a 6 s synthetic run:
+        # the payload's centre of mass 10 cm off, damping -60 % after the fit).
+        # Rows under MIN_SPEED_RAD_S (0.1 rad/s) are left out: dry friction there is not
+        # F sign(q̇). The debiased path keeps 0.03 rad/s, where the replay's regression carries
+        # the same rows' bias and the difference removes it.
+        warm = regression_start(plant, runs, base, groups, latency_s, max_latency_s,
+                                max_rows=MAX_ROWS, min_speed_rad_s=MIN_SPEED_RAD_S,
+                                trusted_only=False, bounded=True, nuisance=True)
+        warm.values.update(drive)
+        return warm
     warm = regression_start(plant, runs, base, groups, latency_s, max_latency_s)
     warm.values.update(drive)
     if warm.rows:
@@ -941,10 +845,27 @@ def _fit(
     n = plant.n
     base = plant.resolved_params(base_params or PlantParams())
     train_idx, val_idx = split_runs(runs, opts.validation_runs)
+    use_tau = all(r.tau is not None for r in runs)
+    effort_lag, lag_scan = 0.0, None
+    if use_tau:
+        if opts.effort_lag_s is None:
+            physics = tuple(g for g in opts.groups if g in PHYSICS_GROUPS) or PHYSICS_GROUPS
+            scan = EffortRegression(plant, [runs[i] for i in train_idx], base).scan_lag(physics)
+            effort_lag = scan.lag_s
+            lag_scan = {"lags_s": scan.lags_s, "residual_rms_nm": scan.residual_rms_nm}
+            say(f"effort lag behind the stamps: {effort_lag * 1e3:.2f} ms (least regression "
+                f"residual over {len(scan.lags_s)} lags)")
+        else:
+            effort_lag = float(opts.effort_lag_s)
+            say(f"effort lag behind the stamps: {effort_lag * 1e3:.2f} ms (given)")
+        runs = align_effort(runs, effort_lag)
     train = [runs[i] for i in train_idx]
     val = [runs[i] for i in val_idx]
     noise = estimate_noise(runs)
-    use_tau = all(r.tau is not None for r in runs)
+    debias = opts.debias_regression
+    if debias is None:
+        period = float(np.median([r.sample_period_s for r in runs]))
+        debias = use_tau and effort_lag < 0.25 * period
     weights = make_weights(noise, n, use_tau)
     dt = plant.physics_dt_s
     windows = make_windows(train, opts.window_s, opts.window_every_s, dt, opts.max_latency_s,
@@ -974,10 +895,20 @@ def _fit(
             say(f"drive torques: latency {servo.latency_s * 1e3:.2f} ms, kp scale "
                 f"{np.round(servo.kp_scale, 3).tolist()}")
     warm = effort_estimate(plant, train, base, defs, tuple(opts.groups), latency0,
-                           opts.max_latency_s, drive)
+                           opts.max_latency_s, drive, debias)
     if warm.rows:
-        say("start (effort regression, bias removed through the simulator): " + ", ".join(
+        how = ("bias removed through the simulator" if debias
+               else f"residual {warm.residual_rms_nm or math.nan:.3g} N·m")
+        say(f"start (effort regression, {how}): " + ", ".join(
             f"{k}={v:.3g}" for k, v in warm.values.items() if not k.startswith("kp_scale")))
+        if warm.nuisance:
+            say("estimated alongside: " + ", ".join(
+                f"{k}={v:.3g}" for k, v in warm.nuisance.items()))
+    com = [warm.nuisance.get(f"payload_com_m[{a}]") for a in AXES]
+    if "payload_kg" in opts.groups and all(c is not None for c in com):
+        # The simulator carries the payload where the regression found its centre of mass.
+        base.payload_offset_m = np.clip(np.array(com, dtype=float), -_PAYLOAD_COM_MAX_M,
+                                        _PAYLOAD_COM_MAX_M)
     x0 = np.array([warm.values.get(d.name, get_value(base, latency0, d)) for d in defs])
     typ = np.array([d.typical for d in defs])
     lo = np.array([d.lower for d in defs])
@@ -1110,7 +1041,7 @@ def _fit(
         if len(runs) >= 2:
             for r in runs:
                 one = effort_estimate(plant, [r], base, defs, tuple(opts.groups), latency0,
-                                      opts.max_latency_s, drive)
+                                      opts.max_latency_s, drive, debias)
                 row = per_run.setdefault(r.name, {})
                 for i in held:
                     row[defs[i].name] = float(one.values.get(defs[i].name, x0[i]))
@@ -1157,6 +1088,9 @@ def _fit(
         duration_s=time.monotonic() - t_start,
         traces={"nominal": tr_nom, "calibrated": tr_cal,
                 "held_out_runs": [r.name for r in held_out]},
+        effort_lag_s=effort_lag,
+        effort_lag_scan=lag_scan,
+        regression_nuisance=dict(warm.nuisance),
     )
 
 

@@ -143,6 +143,29 @@ def write_report(
     if result.observation_latency_s is not None:
         lines.append(f"- observation age at the recorder: "
                      f"{result.observation_latency_s * 1e3:.2f} ms")
+    lines += ["", "## Effort regression", ""]
+    if result.effort_lag_scan:
+        scan = result.effort_lag_scan
+        lag_ms = result.effort_lag_s * 1e3
+        lines.append(f"- the efforts lag the joint-state stamps by {lag_ms:.2f} "
+                     f"ms: the least regression residual over {len(scan['lags_s'])} lags "
+                     f"({1e3 * scan['lags_s'][0]:.1f}-{1e3 * scan['lags_s'][-1]:.1f} ms; "
+                     f"residual {min(scan['residual_rms_nm']):.3g} N·m there, "
+                     f"{scan['residual_rms_nm'][0]:.3g} N·m at 0 ms); efforts moved onto the "
+                     "stamps by it")
+    else:
+        lines.append(f"- effort lag behind the stamps: {result.effort_lag_s * 1e3:.2f} ms (given)")
+    offsets = {k: v for k, v in result.regression_nuisance.items()
+               if k.startswith("joint_offset_rad")}
+    com = [result.regression_nuisance.get(f"payload_com_m[{a}]") for a in "xyz"]
+    if offsets:
+        lines.append("- estimated alongside, encoder offsets (measured - true, where gravity "
+                     "makes them matter): " + ", ".join(
+                         f"{result.joint_names[int(k.split('[')[1][:-1])]} {1e3 * v:+.1f} mrad"
+                         for k, v in offsets.items()))
+    if all(c is not None for c in com):
+        lines.append("- payload centre of mass in the tool frame (the simulator's "
+                     f"payload_offset_m): {np.round(np.array(com, dtype=float), 4).tolist()} m")
     lines += ["", "## Parameters", "",
               "| parameter | fitted | ±1σ fit | run-to-run σ |", "|---|---|---|---|"]
     for name, v in result.fitted.items():
