@@ -1,5 +1,9 @@
 """Fit the sim plant to recorded runs: latency first, identifiability check, then least squares.
 
+0. Efforts are moved onto the joint-state stamps they describe (`effort_lag_s`, given or the
+   lag with the least effort-regression residual; sysid/regression.py) before anything reads
+   them: the effort regression (the physics start, or with `hold_regression` the held values),
+   the drive's start and the shooting residuals.
 1. Action latency by cross-correlation: the recorded commands are replayed through the nominal
    plant with no delay over short windows that start at measured states; the lag that best
    aligns the simulated velocity with the measured one is the latency (the servo's own lag
