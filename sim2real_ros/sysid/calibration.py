@@ -9,7 +9,8 @@ Layout (YAML):
     confidence: {field: std}                 # 1-sigma from the fit (null = not fitted)
     spread: {field: run-to-run std}          # null where fewer than two runs
     refused: {parameter: why}                # identifiability pre-check
-    latency: {action_latency_s, action_latency_std_s, observation_latency_s, response_lag_s}
+    latency: {action_latency_s, action_latency_std_s, observation_latency_s, response_lag_s,
+              action_latency_source, dead_time_probe (when the runs carry a latency probe)}
     noise: {joint_position_std_rad: [...], joint_velocity_std_rad_s: [...], ...}  # at rest
     fit: {train_runs, validation_runs, rollout_rms_nominal_rad, rollout_rms_calibrated_rad, ...}
     randomization: {terms: {...}}            # config/randomization.yaml format
@@ -219,7 +220,14 @@ def calibration_dict(
         "action_latency_xcorr_s": float(result.latency.action_latency_s),
         "response_lag_s": float(result.latency.response_lag_s),
         "observation_latency_s": result.observation_latency_s,
+        # "probe": the dead time read at the latency probe's moves from rest, held in the fit;
+        # "fit": fitted with the drive (the dead time as the simulator's drive sees it).
+        "action_latency_source": result.latency_source,
     }
+    if result.dead_time is not None:
+        latency["dead_time_probe"] = {k: v for k, v in result.dead_time.items()
+                                      if k in ("dead_time_s", "spread_s", "stderr_s",
+                                               "n_onsets", "per_run_s")}
     noise = result.noise.to_dict() if result.noise is not None else {}
     fit_info = {
         "train_runs": result.train_runs,

@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     ex.add_argument("--amplitude", type=float, default=0.3, help="peak offset per joint, rad")
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--settle", type=float, default=2.0, help="hold before/after, s")
+    ex.add_argument("--latency-probe", type=int, default=0, metavar="MOVES",
+                    help="append a latency probe of MOVES moves from rest (a multiple of 6; "
+                    "0 = none): the fit reads the command path's dead time there")
     ex.add_argument("--center", type=float, nargs="+", default=None,
                     help="centre pose per joint, rad (default: where the arm is)")
     ex.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -74,6 +77,11 @@ def register(subparsers: Any) -> None:
                      help="debias the effort regression through the simulator's replay, which "
                      "samples efforts at the stamps (auto: when the effort lag is under a "
                      "quarter period; docs/sysid.md)")
+    fit.add_argument("--latency-from", choices=["auto", "probe", "fit"], default="auto",
+                     help="the action latency: 'probe' reads the dead time at the latency "
+                     "probe's moves from rest (record with `excite --latency-probe N`) and "
+                     "holds it; 'fit' fits it with the drive; auto: probe when the bags carry "
+                     "one (docs/sysid.md)")
     fit.add_argument("--validation-runs", nargs="+", default=None,
                      help="bag names held out (default: the last third)")
     fit.add_argument("--max-iterations", type=int, default=10)
@@ -136,7 +144,8 @@ def _run_recorder(params: dict[str, Any]) -> int:
 def _cmd_excite(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"excitation": args.kind, "duration_s": args.duration,
                              "amplitude_rad": args.amplitude, "seed": args.seed,
-                             "settle_s": args.settle}
+                             "settle_s": args.settle,
+                             "latency_probe_moves": args.latency_probe}
     if args.center:
         extra["center_rad"] = [float(v) for v in args.center]
     return _run_recorder(_recorder_params(args, extra))
@@ -246,6 +255,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             hold_regression=tuple(args.hold_regression or ()),
             effort_lag_s=args.effort_lag_s,
             debias_regression={"auto": None, "on": True, "off": False}[args.debias_regression],
+            latency_source=args.latency_from,
         )
         try:
             result = fit(runs, opts, plant=plant, log=lambda m: print(f"[sysid] {m}"))

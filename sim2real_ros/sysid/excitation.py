@@ -8,6 +8,7 @@ safety filter's. The safety filter still checks every command; this keeps it fro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,3 +366,73 @@ def default_center(envelope: ExcitationEnvelope) -> np.ndarray:
         c[1] = np.clip(0.6, envelope.lower_rad[1], envelope.upper_rad[1])
         c[2] = np.clip(0.9, envelope.lower_rad[2], envelope.upper_rad[2])
     return c
+
+
+PROBE_RUN = 3  # probe moves per direction before turning back
+
+
+def probe_move_s(step_rad: float, jerk_rad_s3: float) -> float:
+    """Duration of a minimum-jerk move of `step_rad` whose jerk peaks at `jerk_rad_s3`.
+
+    A minimum-jerk move's jerk is largest at its ends, 60·Δ/T³.
+    """
+    return float((60.0 * step_rad / jerk_rad_s3) ** (1.0 / 3.0))
+
+
+def append_latency_probe(
+    exc: Excitation,
+    envelope: ExcitationEnvelope,
+    moves: int = 12,
+    step_rad: float = 0.03,
+    jerk_rad_s3: float = 40.0,
+    hold_s: float = 0.6,
+    seed: int = 0,
+) -> Excitation:
+    """Append a latency probe: moves from rest, all joints together, read on the first torque.
+
+    After the excitation the arm holds `hold_s`, then makes `moves` minimum-jerk moves of
+    `step_rad` per joint, each followed by a hold: three moves one way, three back, repeated
+    (each joint's direction seeded). Every move after the first of a run of three continues
+    its joint's direction, so the gearbox's backlash is taken up when it starts; the fit reads
+    the command path's dead time at those starts (`sysid/deadtime.py`). `jerk_rad_s3` sets
+    how sharply a move starts: keep it under the safety envelope's jerk limit, which would
+    otherwise trim it (the fit reads the commands as sent, so a trimmed probe still reads,
+    less sharply).
+    """
+    if moves <= 0 or moves % (2 * PROBE_RUN):
+        raise ExcitationError(f"latency probe moves = {moves}: expected a positive multiple of "
+                              f"{2 * PROBE_RUN} ({PROBE_RUN} out, {PROBE_RUN} back)")
+    if not (0.0 < step_rad <= 0.2 and math.isfinite(step_rad)):
+        raise ExcitationError(f"latency probe step_rad = {step_rad}: expected (0, 0.2] rad")
+    if not (0.0 < jerk_rad_s3 <= 1000.0 and math.isfinite(jerk_rad_s3)):
+        raise ExcitationError(f"latency probe jerk_rad_s3 = {jerk_rad_s3}: expected (0, 1000]")
+    if not (0.2 <= hold_s <= 5.0):
+        raise ExcitationError(f"latency probe hold_s = {hold_s}: expected [0.2, 5] s (the fit "
+                              "needs 0.3 s of rest before a move)")
+    n = envelope.n_joints
+    move_s = probe_move_s(step_rad, jerk_rad_s3)
+    dirs = np.random.default_rng(seed).choice([-1.0, 1.0], size=n)
+    span = hold_s + moves * (move_s + hold_s)
+    t_probe = np.arange(1, int(round(span * GRID_HZ)) + 1) / GRID_HZ
+    start = exc.q[-1]
+    x = np.zeros((t_probe.size, n))
+    level = np.zeros(n)
+    t_move = hold_s
+    for m in range(moves):
+        sign = 1.0 if (m // PROBE_RUN) % 2 == 0 else -1.0
+        for j in range(n):
+            target = level[j] + sign * dirs[j] * step_rad
+            x[:, j] = _add_move(x[:, j], t_probe, t_move, move_s, level[j], target)
+            level[j] = target
+        t_move += move_s + hold_s
+    t = np.concatenate([exc.t_s, exc.t_s[-1] + t_probe])
+    q = np.vstack([exc.q, start + x])
+    qd, qdd = _derivatives(q)
+    params = dict(exc.params)
+    params["latency_probe"] = {"moves": int(moves), "step_rad": float(step_rad),
+                               "jerk_rad_s3": float(jerk_rad_s3), "hold_s": float(hold_s),
+                               "move_s": move_s, "starts_at_s": float(exc.t_s[-1]),
+                               "directions": [int(d) for d in dirs]}
+    out = Excitation(exc.kind, list(exc.joint_names), exc.center_rad, t, q, qd, qdd, params)
+    envelope.check(out)
+    return out

@@ -37,6 +37,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from sim2real_ros.sim.plant import ArmPlant, PlantParams
+from sim2real_ros.sysid.deadtime import DeadTimeError, DeadTimeEstimate, estimate_dead_time
 from sim2real_ros.sysid.regression import (
     AXES,
     MAX_ROWS,
@@ -50,6 +51,7 @@ from sim2real_ros.sysid.runs import NoiseProfile, RunData, estimate_noise, obser
 from sim2real_ros.sysid.shoot import simulate_segment, step_targets
 
 LATENCY = "action_latency_s"
+LATENCY_SOURCES = ("auto", "probe", "fit")
 # group -> (lower, upper, typical magnitude, per joint)
 PARAM_GROUPS: dict[str, tuple[float, float, float, bool]] = {
     "joint_damping_nms": (0.0, 50.0, 0.5, True),
@@ -121,6 +123,12 @@ class FitOptions:
     # where the replay samples efforts as the drive does, i.e. when the effort lag is under a
     # quarter of the sample period (a torque sampled at the stamp, as the simulator reports).
     debias_regression: bool | None = None
+    # Where the action latency comes from. "fit": the simulation fit (with the other drive
+    # parameters; on a unit whose drive is not the simulator's PD it absorbs the drive's lag).
+    # "probe": the dead time read at the latency probe's moves from rest (sysid/deadtime.py),
+    # held in the simulation fit, which then fits only the drive's gains. "auto": "probe" when
+    # a run's recording carries a latency probe (its excitation metadata), else "fit".
+    latency_source: str = "auto"
 
     def check(self) -> None:
         """Raise FitError for an unknown group or an impossible window layout."""
@@ -139,6 +147,9 @@ class FitOptions:
             )
         if not 0.0 <= self.settle_s <= 0.5:
             raise FitError(f"settle_s = {self.settle_s}: expected 0 <= settle_s <= 0.5")
+        if self.latency_source not in LATENCY_SOURCES:
+            raise FitError(f"latency_source = {self.latency_source!r}: expected one of "
+                           f"{list(LATENCY_SOURCES)}")
         if self.effort_lag_s is not None and not (
                 math.isfinite(self.effort_lag_s) and 0.0 <= self.effort_lag_s <= 0.1):
             raise FitError(f"effort_lag_s = {self.effort_lag_s}: expected a number in "
@@ -507,6 +518,10 @@ class FitResult:
     # Estimated by the effort regression alongside the physics, not plant parameters:
     # 'joint_offset_rad[k]' (the encoder's offset, measured - true) and 'payload_com_m[x|y|z]'.
     regression_nuisance: dict[str, float] = field(default_factory=dict)
+    # "probe" (the action latency is the dead time read at the latency probe, held) or "fit";
+    # the probe's estimate whenever the runs carry one (DeadTimeEstimate.to_dict()).
+    latency_source: str = "fit"
+    dead_time: dict[str, Any] | None = None
 
     @property
     def improvement(self) -> float:
@@ -555,6 +570,7 @@ def servo_start(
     latency_s: float,
     max_latency_s: float,
     max_rows: int = 1500,
+    scan_latency: bool = True,
 ) -> ServoStart | None:
     """Fit the drive's position-gain scales and the latency to the measured efforts.
 
@@ -562,7 +578,8 @@ def servo_start(
     same below its velocity clamp), with gains it schedules from the arm's inertia. The gains
     are read from the plant itself at every sampled pose, so this follows however the drive
     schedules them; the scale of kp is then linear, and the latency is scanned (1 ms grid
-    around the cross-correlation estimate, then a bounded search). No simulation needed.
+    around the cross-correlation estimate, then a bounded search) unless `scan_latency` is
+    False (a measured latency: only the gains are fitted). No simulation needed.
     """
     from scipy.optimize import minimize_scalar
 
@@ -606,6 +623,11 @@ def servo_start(
         resid = np.where(m, y - scale * x, 0.0)
         return float(np.sum(resid**2)), scale
 
+    if not scan_latency:
+        _, scale = servo_fit(float(latency_s))
+        lo, hi = PARAM_GROUPS["kp_scale"][:2]
+        return ServoStart(np.clip(scale, lo, hi), float(latency_s),
+                          int(sum(r[1].size for r in rows)))
     grid = np.unique(np.clip(latency_s + np.arange(-0.015, 0.01501, 0.001), 0.0,
                              max_latency_s))
     coarse = [servo_fit(float(L))[0] for L in grid]
@@ -886,13 +908,18 @@ def _fit(
     say(f"latency (cross-correlation): {lat.action_latency_s * 1e3:.1f} ms "
         f"(command-to-response lag {lat.response_lag_s * 1e3:.1f} ms)")
     latency0 = lat.action_latency_s
+    source, dead = _dead_time(runs, opts, use_tau, say)
+    if source == "probe":
+        assert dead is not None
+        latency0 = dead.dead_time_s
 
     defs = param_defs(tuple(opts.groups), n)
     drive: dict[str, float] = {}
     if "kp_scale" in opts.groups or LATENCY in opts.groups:
-        servo = servo_start(plant, train, base, latency0, opts.max_latency_s)
+        servo = servo_start(plant, train, base, latency0, opts.max_latency_s,
+                            scan_latency=source == "fit")
         if servo is not None:
-            if LATENCY in opts.groups:
+            if LATENCY in opts.groups and source == "fit":
                 latency0 = servo.latency_s
             if "kp_scale" in opts.groups:
                 drive = {f"kp_scale[{j}]": float(v) for j, v in enumerate(servo.kp_scale)}
@@ -955,9 +982,12 @@ def _fit(
             if d.group in opts.hold_regression and d.name in warm.values]
     if held:
         say("held at the effort regression: " + ", ".join(defs[i].name for i in held))
-        # The pre-check judges the simulation fit, which does not move them.
-        for i in held:
-            ident.refused.pop(defs[i].name, None)
+    if source == "probe" and LATENCY in opts.groups:
+        held.append(next(i for i, d in enumerate(defs) if d.name == LATENCY))
+        say(f"{LATENCY} held at the probe's dead time, {latency0 * 1e3:.2f} ms")
+    # The pre-check judges the simulation fit, which does not move them.
+    for i in held:
+        ident.refused.pop(defs[i].name, None)
     free = [i for i, d in enumerate(defs) if d.name in ident.kept and i not in held]
     if not free:
         raise FitError("no parameter is identifiable from these runs: " + str(ident.refused))
@@ -1042,13 +1072,21 @@ def _fit(
         # Held values: the regression's, with the spread of one regression per run.
         for i in held:
             fitted[defs[i].name] = float(x0[i])
-        if len(runs) >= 2:
+        regressed = [i for i in held if defs[i].name != LATENCY]
+        if len(runs) >= 2 and regressed:
             for r in runs:
                 one = effort_estimate(plant, [r], base, defs, tuple(opts.groups), latency0,
                                       opts.max_latency_s, drive, debias)
                 row = per_run.setdefault(r.name, {})
-                for i in held:
+                for i in regressed:
                     row[defs[i].name] = float(one.values.get(defs[i].name, x0[i]))
+        if source == "probe" and LATENCY in fitted and dead is not None:
+            # The probe's dead time per run: its spread is the run-to-run spread.
+            for r in runs:
+                if r.name in dead.per_run_s:
+                    per_run.setdefault(r.name, {})[LATENCY] = dead.per_run_s[r.name]
+                else:
+                    per_run.get(r.name, {}).pop(LATENCY, None)
     spread: dict[str, float] = {}
     if len(per_run) >= 2:
         for name in fitted:
@@ -1095,7 +1133,39 @@ def _fit(
         effort_lag_s=effort_lag,
         effort_lag_scan=lag_scan,
         regression_nuisance=dict(warm.nuisance),
+        latency_source=source,
+        dead_time=dead.to_dict() if dead is not None else None,
     )
+
+
+def _dead_time(runs: list[RunData], opts: FitOptions, use_tau: bool,
+               say: Callable[[str], None]) -> tuple[str, DeadTimeEstimate | None]:
+    """Resolve the latency source; read the probe's dead time where there is one."""
+    probed = [r.name for r in runs
+              if isinstance(r.metadata.get("excitation"), dict)
+              and r.metadata["excitation"].get("latency_probe")]
+    source = opts.latency_source
+    if source == "auto":
+        source = "probe" if probed else "fit"
+    if source == "fit" and not probed:
+        return "fit", None
+    if not use_tau:
+        if source == "probe":
+            raise FitError("latency_source 'probe' reads the dead time on the drive torques; "
+                           "the runs carry no efforts")
+        return "fit", None
+    try:
+        dead = estimate_dead_time(runs, opts.max_latency_s)
+    except DeadTimeError as exc:
+        if source == "probe":
+            raise FitError(f"latency probe: {exc}") from exc
+        say(f"latency probe: {exc}")
+        return "fit", None
+    say(f"dead time at the latency probe: {dead.dead_time_s * 1e3:.2f} ms (median of "
+        f"{dead.n_onsets} onsets, spread {dead.spread_s * 1e3:.2f} ms, standard error "
+        f"{dead.stderr_s * 1e3:.2f} ms)" + ("" if source == "probe" else
+                                           "; reported, the fit fits the latency"))
+    return source, dead
 
 
 @dataclass

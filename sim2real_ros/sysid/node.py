@@ -43,6 +43,7 @@ from sim2real_ros.sysid.excitation import (
     Excitation,
     ExcitationEnvelope,
     ExcitationError,
+    append_latency_probe,
     make_excitation,
 )
 
@@ -109,6 +110,15 @@ PARAMS = [
               "rad.", low=0.0, high=1.5),
     ParamSpec("settle_s", 2.0, "Hold before and after the excitation (noise at rest), s.",
               low=0.0, high=60.0),
+    ParamSpec("latency_probe_moves", 0, "Moves from rest appended after the excitation, "
+              "where the fit reads the command path's dead time (a multiple of 6; 0 = none).",
+              low=0, high=120),
+    ParamSpec("latency_probe_step_rad", 0.03, "Latency probe: each move's length per joint, rad.",
+              low=0.001, high=0.2),
+    ParamSpec("latency_probe_jerk_rad_s3", 40.0, "Latency probe: peak jerk of a move, rad/s³ "
+              "(keep it under the safety envelope's jerk limit).", low=1.0, high=1000.0),
+    ParamSpec("latency_probe_hold_s", 0.6, "Latency probe: rest before each move, s.",
+              low=0.3, high=5.0),
     ParamSpec("command_rate_hz", 100.0, "Rate of policy/joint_command, Hz.", low=1.0,
               high=1000.0),
     ParamSpec("topics", list(DEFAULT_TOPICS), "Topics to record; 'name' or 'name:pkg/msg/Type' "
@@ -425,6 +435,11 @@ class SysidRecorder(Node):
             self._exc = make_excitation(self.kind, center, self.envelope, float(p["duration_s"]),
                                         float(p["amplitude_rad"]), float(p["f_min_hz"]),
                                         float(p["f_max_hz"]), int(p["seed"]))
+            if int(p["latency_probe_moves"]) > 0:
+                self._exc = append_latency_probe(
+                    self._exc, self.envelope, int(p["latency_probe_moves"]),
+                    float(p["latency_probe_step_rad"]), float(p["latency_probe_jerk_rad_s3"]),
+                    float(p["latency_probe_hold_s"]), int(p["seed"]))
         except ExcitationError as exc:
             self._abort(f"cannot excite around {np.round(center, 3).tolist()}: {exc}")
             return

@@ -96,6 +96,28 @@ def plot_confidence(result: FitResult, path: Path) -> Path:
     return path
 
 
+def plot_dead_time(dead: dict[str, Any], path: Path) -> Path:
+    """The latency probe: the dead time read at each onset, by run, with the median."""
+    plt = _plt()
+    onsets = dead["onsets"]
+    runs = sorted({o["run"] for o in onsets})
+    fig, ax = plt.subplots(figsize=(8, 2.8))
+    for k, run in enumerate(runs):
+        v = [1e3 * o["dead_time_s"] for o in onsets if o["run"] == run]
+        ax.plot(np.full(len(v), k) + np.linspace(-0.15, 0.15, len(v)), v, "o", ms=4,
+                color=f"C{k % 10}", label=run)
+    med = 1e3 * dead["dead_time_s"]
+    ax.axhline(med, color="k", lw=1.0, label=f"median {med:.2f} ms")
+    ax.set_xticks(range(len(runs)), runs, fontsize=7)
+    ax.set_ylabel("dead time [ms]")
+    ax.set_title(f"Latency probe: dead time at {len(onsets)} moves from rest", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(
     result: FitResult,
     out_dir: str | Path,
@@ -143,6 +165,19 @@ def write_report(
     if result.observation_latency_s is not None:
         lines.append(f"- observation age at the recorder: "
                      f"{result.observation_latency_s * 1e3:.2f} ms")
+    dead = result.dead_time
+    if dead is not None:
+        f4 = plot_dead_time(dead, out / "latency_probe.png")
+        how = ("the calibration's action latency, held in the fit"
+               if result.latency_source == "probe" else "reported; the fit fitted the latency")
+        lines += [f"- dead time at the latency probe: {dead['dead_time_s'] * 1e3:.2f} ms "
+                  f"({how}): median of {dead['n_onsets']} moves from rest, spread "
+                  f"{dead['spread_s'] * 1e3:.2f} ms, standard error "
+                  f"{dead['stderr_s'] * 1e3:.2f} ms; per run "
+                  + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in dead["per_run_s"].items()),
+                  "", f"![latency probe]({f4.name})", ""]
+        if dead.get("skipped"):
+            lines.append(f"- probe onsets left out: {'; '.join(dead['skipped'])}")
     lines += ["", "## Effort regression", ""]
     if result.effort_lag_scan:
         scan = result.effort_lag_scan
