@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sim2real_ros.ros.env import child_env
 
@@ -76,6 +77,14 @@ def test_quick_run_writes_every_artifact_and_a_corrupted_one_stops_the_resume(
     info = json.loads((run_dir / "run.json").read_text())
     assert info["quick"] is True and len(info["unit_file_sha256"]) == 64
     assert info["versions"]["mujoco"] != "not installed"
+    dirty = info["versions"]["git_dirty"]
+    assert dirty in ("no", "unknown") or dirty.startswith("yes: "), dirty
+    # Step 3's bags carry the latency probe, and the fit took the latency from it.
+    cal = yaml.safe_load((run_dir / "s3b_sysid_fit" / "calibration.yaml").read_text())
+    assert cal["latency"]["action_latency_source"] == "probe", cal["latency"]
+    probe = cal["latency"]["dead_time_probe"]
+    assert probe["n_onsets"] >= 4 and probe["dead_time_s"] == cal["latency"]["action_latency_s"]
+    assert (run_dir / "s3b_sysid_fit" / "fit_report" / "latency_probe.png").stat().st_size > 0
     # The step-4 fine-tune rehearsed in its parent's simulator (--quick: 50 steps x 8 envs).
     ft = json.loads((run_dir / "s4b_finetune" / "finetune_report.json").read_text())
     meta = ft["metadata"]["finetune"]
@@ -118,6 +127,9 @@ def test_new_run_refuses_to_overwrite_and_bad_settings_name_the_key(
     err = capsys.readouterr().err
     assert "sysid_runs = 2" in err and "at least three runs" in err
     assert not (tmp_path / "other").exists()
+    assert main([*base, str(tmp_path / "probe"), "--set", "latency_probe_moves=8"]) == 2
+    err = capsys.readouterr().err
+    assert "latency_probe_moves = 8" in err and "multiple of 6" in err
     assert main([*base, str(tmp_path / "third"), "--resume"]) == 2
     assert "an existing run to resume" in capsys.readouterr().err
     assert main([*base, str(tmp_path / "fourth"), "--stage", "s9_magic"]) == 2

@@ -120,6 +120,24 @@ def test_onsets_are_moves_from_rest_that_continue_their_direction() -> None:
     assert all(o.index == int(round(o.t_s * 100)) for o in onsets)
 
 
+def test_a_move_that_ends_creeping_back_leaves_the_gearbox_the_other_way() -> None:
+    # down, overshooting by 1 mrad and creeping back up; then down again: that start crosses
+    # the backlash first (a filter that trimmed the reference did this on the graph)
+    cmd = np.zeros((400, 1))
+    down = -np.linspace(0.0, 0.011, 21)[1:]
+    creep = -0.011 + np.linspace(0.0, 0.001, 11)[1:]
+    cmd[100:120, 0] = down
+    cmd[120:130, 0] = creep
+    cmd[130:, 0] = -0.010
+    cmd[200:220, 0] = -0.010 - np.linspace(0.0, 0.01, 21)[1:]
+    cmd[220:, 0] = -0.020
+    cmd[300:320, 0] = -0.020 - np.linspace(0.0, 0.01, 21)[1:]
+    cmd[320:, 0] = -0.030
+    onsets = find_onsets(_run_from_commands(cmd))
+    # only the third move: the second follows a move that ended going up
+    assert [round(o.t_s, 2) for o in onsets] == [3.0]
+
+
 # ---- the dead time --------------------------------------------------------------------------
 
 def test_dead_time_on_the_proxy_within_ten_percent_of_the_bus(arm_env) -> None:

@@ -20,7 +20,9 @@ from std_srvs.srv import Trigger
 
 from sim2real_ros.config import ConfigError
 from sim2real_ros.ros.convert import array_to_multiarray, arrays_to_joint_state, ns_to_stamp
-from sim2real_ros.sysid import bags
+from sim2real_ros.paths import default_urdf
+from sim2real_ros.robot.model import load_arm
+from sim2real_ros.sysid import bags, excitation
 from sim2real_ros.sysid.node import SysidRecorder
 from sim2real_ros.sysid.runs import load_run
 
@@ -153,7 +155,8 @@ def test_excitation_through_the_graph_records_a_fittable_run(node_processes: obj
     rec = node_processes.start("sim2real_ros.sysid.node", ros_args=[  # type: ignore[attr-defined]
         "-p", "unit_serial:=SN-G", "-p", f"output_dir:={tmp_path}", "-p", "run_name:=g",
         "-p", "duration_s:=2.0", "-p", "settle_s:=0.6", "-p", "exit_when_done:=true",
-        "-p", "abort_tracking_error_rad:=1.0", "-p", "joint_states_timeout_s:=2.0"],
+        "-p", "abort_tracking_error_rad:=1.0", "-p", "joint_states_timeout_s:=2.0",
+        "-p", "latency_probe_moves:=6", "-p", "latency_probe_hold_s:=0.3"],
         name="recorder")
     relay = Node("sysid_test_relay", context=ros_context)
     out = relay.create_publisher(Float64MultiArray, "forward_position_controller/commands",
@@ -175,3 +178,19 @@ def test_excitation_through_the_graph_records_a_fittable_run(node_processes: obj
     assert np.ptp(run.q, axis=0).min() > 1e-3, log  # and moved
     # the bridge's 500 Hz, recorded as it came (a starved host may slow the bridge itself)
     assert 150.0 < 1.0 / run.sample_period_s < 700.0, (run.sample_period_s, log)
+    # The excitation and its latency probe went out sampled on the 100 Hz command grid, not
+    # at the timer's wall-clock instants (which the filter read as jerk, docs/sysid.md): the
+    # commands after the hold are exactly the trajectory at k / 100 s.
+    meta = run.metadata["excitation"]
+    assert meta["latency_probe"]["moves"] == 6
+    env = excitation.ExcitationEnvelope.from_arm(load_arm(default_urdf()), 0.3, 0.3, 3.0)
+    exc = excitation.append_latency_probe(
+        excitation.make_excitation("multisine", np.array(meta["center_rad"]), env, 2.0, 0.3,
+                                   0.2, 2.0, seed=0), env, 6, hold_s=0.3, seed=0)
+    sent = bags.read_joint_commands(tmp_path / "g", JOINTS, "policy/joint_command").values
+    hold = np.flatnonzero(np.all(np.abs(sent - exc.q[0]) < 1e-12, axis=1))
+    first = int(hold[np.flatnonzero(np.diff(hold) > 1)[0]] + 1) if np.any(
+        np.diff(hold) > 1) else int(hold[-1] + 1)
+    n = int(exc.duration_s * 100) - 1
+    want = np.array([exc.at((k + 1) / 100.0) for k in range(n)])
+    np.testing.assert_allclose(sent[first:first + n], want, atol=1e-9, rtol=0)

@@ -202,7 +202,25 @@ def versions() -> dict[str, str]:
             capture_output=True, text=True, timeout=10, check=False).stdout.strip() or "unknown"
     except OSError:
         out["git_commit"] = "unknown"
+    # A run from uncommitted code says so: the commit alone would claim code it did not run.
+    out["git_dirty"] = _git_dirty()
     return out
+
+
+def _git_dirty() -> str:
+    """'no', 'yes: <n> changed paths' (tracked files or untracked package files), 'unknown'."""
+    try:
+        proc = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=normal", "--", "."],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=10, check=False)
+    except OSError:
+        return "unknown"
+    if proc.returncode != 0:
+        return "unknown"
+    changed = [ln[3:] for ln in proc.stdout.splitlines()
+               if ln and not ln[3:].startswith(("runs/", "docs/results/"))]
+    return f"yes: {len(changed)} changed paths" if changed else "no"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -296,7 +296,10 @@ def write_report(run: RunFolder, cfg: Any, out: Path) -> dict[str, Any]:
         "# Transfer experiment results\n",
         f"Reproduce: `{command} --run-dir <new folder>` "
         f"(seed {cfg.seed}, unit `{Path(info.get('unit_file', '')).name}`, "
-        f"commit {info.get('versions', {}).get('git_commit', 'unknown')[:12]}).\n",
+        f"commit {info.get('versions', {}).get('git_commit', 'unknown')[:12]}"
+        + (" with uncommitted changes"
+           if str(info.get("versions", {}).get("git_dirty", "")).startswith("yes") else "")
+        + ").\n",
         markdown_table(rows),
         "\nSim success: the policy alone in the simulator it was trained in. Proxy success: the "
         "wrapped system on the proxy through the real-backend graph (a fallback to the baseline "

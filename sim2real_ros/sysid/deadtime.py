@@ -104,8 +104,9 @@ def find_onsets(run: RunData, min_rest_s: float = MIN_REST_S,
                 tol_rad: float = MOVE_TOL_RAD) -> list[Onset]:
     """Moves that start after `min_rest_s` of still commands, per command index.
 
-    A joint counts at an onset when its move continues the direction of its previous move (the
-    gearbox's backlash is taken up on that side). Joints that start together share an onset.
+    A joint counts at an onset when its move starts in the direction its previous move ended
+    in (the gearbox's backlash is taken up on that side). Joints that start together share an
+    onset.
     """
     cmd, t = run.cmd, run.cmd_t_s
     if cmd.shape[0] < 3:
@@ -125,7 +126,12 @@ def find_onsets(run: RunData, min_rest_s: float = MIN_REST_S,
             end = i
             while end < n and m[end]:
                 end += 1
-            direction = float(np.sign(cmd[end, j] - cmd[i, j]))
+            # A move starts in the direction of its first change and leaves the gearbox
+            # loaded in the direction of its last: a command that overshoots and creeps back
+            # (a filter trimming the reference) ends the other way.
+            steps = np.diff(cmd[i:end + 1, j])
+            direction = float(np.sign(steps[0]))
+            final = float(np.sign(steps[-1]))
             # still: no joint's command moved for min_rest_s before this move
             k = i
             while k > 0 and not any_moving[k - 1]:
@@ -133,8 +139,7 @@ def find_onsets(run: RunData, min_rest_s: float = MIN_REST_S,
             rest = t[i] - t[k] if k > 0 else t[i] - t[0]
             if rest >= min_rest_s and direction != 0.0 and direction == last_dir:
                 found.setdefault(i + 1, []).append(j)
-            if direction != 0.0:
-                last_dir = direction
+            last_dir = final
             i = end
     return [Onset(run.name, float(t[idx]), idx, tuple(sorted(js)))
             for idx, js in sorted(found.items())]

@@ -239,6 +239,7 @@ class SysidRecorder(Node):
         self.reason = ""
         self._exc: Excitation | None = None
         self._phase_t0 = 0.0
+        self._phase_ticks = 0
         self._move_from: np.ndarray | None = None
         self._move_s = 0.0
         self._hold: np.ndarray | None = None
@@ -325,6 +326,7 @@ class SysidRecorder(Node):
     def _enter(self, phase: str) -> None:
         self.phase = phase
         self._phase_t0 = self._now_s()
+        self._phase_ticks = 0
         self.get_logger().info(f"phase: {phase}")
 
     def _abort(self, reason: str) -> None:
@@ -364,7 +366,14 @@ class SysidRecorder(Node):
         if now - self._last_js_rx_s > self.p["joint_states_timeout_s"]:
             self._abort(f"joint_states stale for {now - self._last_js_rx_s:.3f} s")
             return
-        t = now - self._phase_t0
+        # The trajectory is sampled on the command grid, k periods into the phase, not at the
+        # timer's wall-clock time: the safety filter divides each command change by the
+        # nominal period, so a sample taken 3 ms late read as jerk (0.16 rad/s x 3 ms over
+        # (10 ms)^3 ~ 480 rad/s^3 against a 72 rad/s^3 limit). It trimmed the excitation and
+        # overshot every stop by up to 1.5 mrad, then crept back (docs/sysid.md). A slipped
+        # timer tick plays the trajectory that much later; the bag has the times it was sent.
+        t = self._phase_ticks / float(self.p["command_rate_hz"])
+        self._phase_ticks += 1
         target = self._target(t)
         if target is None:
             return
