@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -134,3 +135,24 @@ def test_new_run_refuses_to_overwrite_and_bad_settings_name_the_key(
     assert "an existing run to resume" in capsys.readouterr().err
     assert main([*base, str(tmp_path / "fourth"), "--stage", "s9_magic"]) == 2
     assert "s1_train" in capsys.readouterr().err
+
+
+def test_a_recording_the_filter_held_for_part_of_is_refused() -> None:
+    """held_share: the filter's commands against the recorder's latest, by receive time."""
+    from sim2real_ros.proxy.experiment import HELD_MAX_SHARE, held_share
+
+    t = np.arange(0.0, 40.0, 0.01)
+    ref = 0.2 * np.sin(2 * np.pi * 0.5 * t)[:, None] * np.ones((1, 6))
+    # passed through (received 1 ms after the recorder's): nothing held
+    share, worst = held_share(t + 0.001, ref, t, ref)
+    assert share == 0.0 and worst == 0.0
+    # the filter one command behind (a reordered tick): within tolerance
+    lagged = np.vstack([ref[:1], ref[:-1]])
+    assert held_share(t + 0.001, lagged, t, ref)[0] == 0.0
+    # held from 12 s on, as in run 28's fourth run: refused
+    held = ref.copy()
+    held[t >= 12.0] = ref[t < 12.0][-1]
+    share, worst = held_share(t + 0.001, held, t, ref)
+    assert share > 10 * HELD_MAX_SHARE and worst > 0.2
+    # nothing the recorder sent before the filter's commands: all of it counts
+    assert held_share(t, ref, t + 100.0, ref) == (1.0, float("inf"))

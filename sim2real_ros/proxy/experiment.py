@@ -717,7 +717,7 @@ def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) 
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise ExcitationHeld(f"step 3 excitation: `sim2real sysid excite` exited {rc}; see "
                              f"{log_path}:\n{tail}")
-    _check_excited(out / "bags" / name, ctx.arm.n_joints)
+    _check_excited(out / "bags" / name, ctx.arm.n_joints, list(ctx.arm.joint_names))
 
 
 EXCITE_ATTEMPTS = 3
@@ -727,15 +727,48 @@ class ExcitationHeld(StageBlocked):
     """A failed recording (recorder error, or the filter held the arm): record it again."""
 
 
-def _check_excited(bag: Path, n_joints: int) -> None:
-    """Refuse a run in which the arm never received a moving command (a held filter)."""
-    from sim2real_ros.sysid.bags import read_position_commands
+# A recording is refused when the safety filter sent more than this share of its commands
+# more than this far from the recorder's latest command: in stage full it passes the
+# grid-sampled excitation unchanged, so that much deviation is a hold or a dropped stage (run
+# 28's fourth run: the rollback monitor took the stage to limited, then advisory, 12 s in; the
+# baseline held the arm for the remaining 32 s and 66 % of the commands were off).
+HELD_DEVIATION_RAD = 0.02
+HELD_MAX_SHARE = 0.05
+
+
+def held_share(fw_t: np.ndarray, fw: np.ndarray, rec_t: np.ndarray, rec: np.ndarray,
+               tol_rad: float = HELD_DEVIATION_RAD) -> tuple[float, float]:
+    """Share of the forwarded commands further than tol from the recorder's latest command
+    (by receive time), and the largest such distance, rad."""
+    i = np.searchsorted(rec_t, fw_t, side="right") - 1
+    ok = i >= 0
+    if not np.any(ok):
+        return 1.0, math.inf
+    dev = np.abs(fw[ok] - rec[i[ok]]).max(axis=1)
+    return float(np.mean(dev > tol_rad)), float(dev.max())
+
+
+def _check_excited(bag: Path, n_joints: int, joints: list[str] | None = None) -> None:
+    """Refuse a run in which the arm never received a moving command (a held filter), or in
+    which the filter held or limited it for part of the excitation."""
+    from sim2real_ros.sysid.bags import read_joint_commands, read_position_commands
 
     cmds = read_position_commands(bag, n_joints, "forward_position_controller/commands")
     if cmds.values.shape[0] < 2 or not np.any(np.abs(np.diff(cmds.values, axis=0)) > 1e-9):
         raise ExcitationHeld(
             f"step 3 excitation: {bag} holds no moving arm command: the safety filter held the "
             "arm during the excitation (see its events in the bag, e.g. `sim2real sysid info`)")
+    if joints is None:
+        return
+    sent = read_joint_commands(bag, joints, "policy/joint_command")
+    share, worst = held_share(cmds.t_s, cmds.values, sent.t_s, sent.values)
+    if share > HELD_MAX_SHARE:
+        raise ExcitationHeld(
+            f"step 3 excitation: {bag}: the safety filter sent {100 * share:.0f} % of its "
+            f"commands more than {HELD_DEVIATION_RAD} rad from the recorder's (up to "
+            f"{worst:.3f} rad; at most {100 * HELD_MAX_SHARE:.0f} %): it held or limited the "
+            "arm for part of the excitation (its events are in the bag's "
+            "safety_filter/events)")
 
 
 def _sysid_bags(ctx: Context) -> list[Path]:
