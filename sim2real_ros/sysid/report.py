@@ -101,17 +101,19 @@ def plot_dead_time(dead: dict[str, Any], path: Path) -> Path:
     plt = _plt()
     onsets = dead["onsets"]
     runs = sorted({o["run"] for o in onsets})
-    fig, ax = plt.subplots(figsize=(8, 2.8))
+    fig, ax = plt.subplots(figsize=(9, 2.8))
     for k, run in enumerate(runs):
         v = [1e3 * o["dead_time_s"] for o in onsets if o["run"] == run]
-        ax.plot(np.full(len(v), k) + np.linspace(-0.15, 0.15, len(v)), v, "o", ms=4,
+        spread = np.linspace(-0.15, 0.15, len(v)) if len(v) > 1 else np.zeros(1)
+        ax.plot(k + spread, v, "o", ms=4,
                 color=f"C{k % 10}", label=run)
     med = 1e3 * dead["dead_time_s"]
     ax.axhline(med, color="k", lw=1.0, label=f"median {med:.2f} ms")
     ax.set_xticks(range(len(runs)), runs, fontsize=7)
     ax.set_ylabel("dead time [ms]")
     ax.set_title(f"Latency probe: dead time at {len(onsets)} moves from rest", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_xlim(-0.5, len(runs) - 0.5)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
