@@ -19,9 +19,9 @@ from std_msgs.msg import Float64MultiArray
 from std_srvs.srv import Trigger
 
 from sim2real_ros.config import ConfigError
-from sim2real_ros.ros.convert import array_to_multiarray, arrays_to_joint_state, ns_to_stamp
 from sim2real_ros.paths import default_urdf
 from sim2real_ros.robot.model import load_arm
+from sim2real_ros.ros.convert import array_to_multiarray, arrays_to_joint_state, ns_to_stamp
 from sim2real_ros.sysid import bags, excitation
 from sim2real_ros.sysid.node import SysidRecorder
 from sim2real_ros.sysid.runs import load_run
