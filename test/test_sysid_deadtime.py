@@ -178,6 +178,14 @@ def test_dead_time_on_the_simulator_at_its_latency(arm_env) -> None:
     est = estimate_dead_time(runs)
     # the synthetic transport adds 0.3 ms to the latency
     assert est.dead_time_s == pytest.approx(0.0303, abs=0.0015)
+    assert set(est.per_run_s) == {"s1", "s2"}
+    # A run cut after its first usable start has no median of its own (one start is no
+    # run's dead time: it would set the randomization's delay range); it still counts.
+    first = min(e.onset.t_s for e in est.onsets if e.onset.run == "s2")
+    cut = replace(runs[1].slice_time(0.0, first + 0.3), name="s2_cut")
+    both = estimate_dead_time([runs[0], cut])
+    assert any(e.onset.run == "s2_cut" for e in both.onsets)
+    assert set(both.per_run_s) == {"s1"}
 
 
 def test_no_probe_no_estimate(arm_env) -> None:

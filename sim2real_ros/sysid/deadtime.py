@@ -42,6 +42,7 @@ POST_S = 0.04  # window after the latest dead time scanned
 GRID_S = 0.0005  # dead-time grid
 MIN_RESPONSE = 0.5  # the command term must explain at least half the window's variance
 MIN_ONSETS = 4  # fewer usable onsets: no estimate
+MIN_RUN_ONSETS = 3  # a run's own median (its run-to-run spread) needs this many
 
 
 class DeadTimeError(ValueError):
@@ -75,7 +76,7 @@ class DeadTimeEstimate:
     dead_time_s: float
     spread_s: float  # robust standard deviation of the per-onset values (1.4826 x MAD)
     stderr_s: float  # standard error of the median (1.2533 x spread / sqrt(n))
-    per_run_s: dict[str, float]  # median per run (runs with an onset)
+    per_run_s: dict[str, float]  # median per run (runs with >= MIN_RUN_ONSETS onsets)
     onsets: list[OnsetEstimate] = field(default_factory=list)
     grid_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     skipped: list[str] = field(default_factory=list)  # onsets left out, and why
@@ -263,7 +264,9 @@ def estimate_dead_time(
     per_run: dict[str, float] = {}
     for r in runs:
         v = [e.dead_time_s for e in estimates if e.onset.run == r.name]
-        if v:
+        # One start's value is no run's dead time (run 28's held fourth run read 42 ms on
+        # its only one); its spread would set the randomization's delay range.
+        if len(v) >= MIN_RUN_ONSETS:
             per_run[r.name] = float(np.median(v))
     return DeadTimeEstimate(
         dead_time_s=med,
