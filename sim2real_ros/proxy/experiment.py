@@ -208,7 +208,7 @@ def versions() -> dict[str, str]:
 
 
 def _git_dirty() -> str:
-    """'no', 'yes: <n> changed paths' (tracked files or untracked package files), 'unknown'."""
+    """'no', 'yes: <n> changed paths' (modified or untracked, not ignored), 'unknown'."""
     try:
         proc = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=normal", "--", "."],
@@ -218,8 +218,7 @@ def _git_dirty() -> str:
         return "unknown"
     if proc.returncode != 0:
         return "unknown"
-    changed = [ln[3:] for ln in proc.stdout.splitlines()
-               if ln and not ln[3:].startswith(("runs/", "docs/results/"))]
+    changed = [ln for ln in proc.stdout.splitlines() if ln]
     return f"yes: {len(changed)} changed paths" if changed else "no"
 
 
@@ -717,7 +716,7 @@ def _excite(ctx: Context, out: Path, unit: str, name: str, k: int, runner: Any) 
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise ExcitationHeld(f"step 3 excitation: `sim2real sysid excite` exited {rc}; see "
                              f"{log_path}:\n{tail}")
-    _check_excited(out / "bags" / name, ctx.arm.n_joints, list(ctx.arm.joint_names))
+    _check_excited(out / "bags" / name, list(ctx.arm.joint_names))
 
 
 EXCITE_ATTEMPTS = 3
@@ -748,18 +747,16 @@ def held_share(fw_t: np.ndarray, fw: np.ndarray, rec_t: np.ndarray, rec: np.ndar
     return float(np.mean(dev > tol_rad)), float(dev.max())
 
 
-def _check_excited(bag: Path, n_joints: int, joints: list[str] | None = None) -> None:
+def _check_excited(bag: Path, joints: list[str]) -> None:
     """Refuse a run in which the arm never received a moving command (a held filter), or in
     which the filter held or limited it for part of the excitation."""
     from sim2real_ros.sysid.bags import read_joint_commands, read_position_commands
 
-    cmds = read_position_commands(bag, n_joints, "forward_position_controller/commands")
+    cmds = read_position_commands(bag, len(joints), "forward_position_controller/commands")
     if cmds.values.shape[0] < 2 or not np.any(np.abs(np.diff(cmds.values, axis=0)) > 1e-9):
         raise ExcitationHeld(
             f"step 3 excitation: {bag} holds no moving arm command: the safety filter held the "
             "arm during the excitation (see its events in the bag, e.g. `sim2real sysid info`)")
-    if joints is None:
-        return
     sent = read_joint_commands(bag, joints, "policy/joint_command")
     share, worst = held_share(cmds.t_s, cmds.values, sent.t_s, sent.values)
     if share > HELD_MAX_SHARE:

@@ -17,8 +17,8 @@ period and a few ms of jitter scramble them, while their integral depends on eac
 only through its own small area. The joints of one onset share its commands, hence its delays:
 their costs add, and one dead time comes out per onset. The estimate is the median over onsets.
 
-Only onsets that continue the joint's previous direction count: a move that reverses first
-crosses the gearbox's backlash, which the drive sees as extra delay.
+Only onsets that start in the direction the joint's previous move ended in count: a move that
+reverses first crosses the gearbox's backlash, which the drive sees as extra delay.
 
 Efforts must be aligned to their stamps first (`regression.align_effort` with the fit's effort
 lag): a drive that reports the mean torque of its period otherwise reads half a period late.
